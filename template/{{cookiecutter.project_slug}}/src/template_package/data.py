@@ -1,0 +1,133 @@
+"""The LightningDataModule: scikit-learn's digits by default, or your own images in ImageFolder layout.
+
+Digits (1,797 8x8 grayscale images, 10 classes) ship inside scikit-learn, so the default run needs no network.
+For your own data, set `data_dir` to a folder with `train/<class>/*.jpg`, `val/<class>/*.jpg` and optionally
+`test/<class>/*.jpg`. Loaders are torchdata `StatefulDataLoader`s: Lightning saves their position in each checkpoint
+and restores it on resume, so a run resumed mid-epoch sees the same batches as one that never stopped.
+"""
+
+import os
+from pathlib import Path
+
+import lightning as L
+import torch
+from torch.utils.data import Dataset, TensorDataset
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+def digits_splits(val_fraction: float, test_fraction: float, seed: int) -> tuple[Dataset, Dataset, Dataset]:
+    """Digits as (train, val, test) TensorDatasets of 1x8x8 images in [0, 1], split the same way for every seed."""
+    from sklearn.datasets import load_digits  # imported here: it costs a second and ImageFolder runs never need it
+
+    digits = load_digits()
+    images = torch.from_numpy(digits.images).float().div_(16.0).unsqueeze(1)
+    targets = torch.from_numpy(digits.target).long()
+    order = torch.randperm(len(targets), generator=torch.Generator().manual_seed(seed))
+    n_val, n_test = round(val_fraction * len(order)), round(test_fraction * len(order))
+    parts = order[n_val + n_test :], order[:n_val], order[n_val : n_val + n_test]
+    return tuple(TensorDataset(images[idx], targets[idx]) for idx in parts)
+
+
+def image_folder_transforms(image_size: int):
+    """(train, eval) transforms: random crops and flips for training only; eval resizes and center-crops."""
+    from torchvision.transforms import v2
+
+    to_tensor = [v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(IMAGENET_MEAN, IMAGENET_STD)]
+    train = v2.Compose([v2.RandomResizedCrop(image_size, antialias=True), v2.RandomHorizontalFlip(), *to_tensor])
+    evaluate = v2.Compose([v2.Resize(round(image_size * 8 / 7), antialias=True), v2.CenterCrop(image_size), *to_tensor])
+    return train, evaluate
+
+
+def default_num_workers() -> int:
+    """Half the CPUs (the main process needs the rest), at most 8; 0 on a single core."""
+    return min(8, (os.cpu_count() or 1) // 2)
+
+
+class ImageDataModule(L.LightningDataModule):
+    """Train/val/test/predict loaders for digits (`data_dir=None`) or an ImageFolder tree.
+
+    Args:
+        data_dir: None for digits, else a folder holding `train/`, `val/` and optionally `test/` class folders.
+        batch_size: samples per batch on each device.
+        num_workers: loader processes, 0 loads in the main process. None picks 0 for digits, which sit in memory
+            as one tensor (a worker would only add IPC), and `default_num_workers()` for image files to decode.
+        image_size: side of the square crop fed to the network (ImageFolder only; digits are 8x8).
+        val_fraction: share of digits held out for validation.
+        test_fraction: share of digits held out for testing.
+        split_seed: seed of the digits split, independent of the training seed so every run sees the same split.
+    """
+
+    def __init__(
+        self,
+        data_dir: str | None = None,
+        batch_size: int = 64,
+        num_workers: int | None = None,
+        image_size: int = 224,
+        val_fraction: float = 0.15,
+        test_fraction: float = 0.15,
+        split_seed: int = 0,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        if num_workers is None:
+            num_workers = 0 if data_dir is None else default_num_workers()
+        self.num_workers = num_workers
+        self.classes = [str(i) for i in range(10)] if data_dir is None else self._find_classes(Path(data_dir))
+        self.datasets: dict[str, Dataset] = {}
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+    @property
+    def in_channels(self) -> int:
+        return 1 if self.hparams.data_dir is None else 3
+
+    @staticmethod
+    def _find_classes(root: Path) -> list[str]:
+        train = root / "train"
+        if not train.is_dir():
+            raise FileNotFoundError(f"data_dir={str(root)!r} has no train/ folder: expected train/<class>/ images")
+        return sorted(entry.name for entry in train.iterdir() if entry.is_dir())
+
+    def setup(self, stage: str) -> None:
+        if self.datasets:
+            return
+        hp = self.hparams
+        if hp.data_dir is None:
+            train, val, test = digits_splits(hp.val_fraction, hp.test_fraction, hp.split_seed)
+            self.datasets = {"train": train, "val": val, "test": test, "predict": test}
+            return
+        from torchvision.datasets import ImageFolder
+
+        train_tf, eval_tf = image_folder_transforms(hp.image_size)
+        root = Path(hp.data_dir)
+        self.datasets = {"train": ImageFolder(root / "train", train_tf), "val": ImageFolder(root / "val", eval_tf)}
+        test_root = root / "test" if (root / "test").is_dir() else root / "val"
+        self.datasets["test"] = self.datasets["predict"] = ImageFolder(test_root, eval_tf)
+
+    def _loader(self, split: str) -> StatefulDataLoader:
+        train = split == "train"
+        return StatefulDataLoader(
+            self.datasets[split],
+            batch_size=self.hparams.batch_size,
+            shuffle=train,  # evaluation order stays fixed, so predictions line up with the files
+            drop_last=train,  # a tiny last batch would make BatchNorm statistics and the loss noisy
+            num_workers=self.num_workers,
+            pin_memory=torch.cuda.is_available(),  # pinning only helps host-to-GPU copies
+            persistent_workers=self.num_workers > 0,  # no process start-up cost at every epoch
+        )
+
+    def train_dataloader(self) -> StatefulDataLoader:
+        return self._loader("train")
+
+    def val_dataloader(self) -> StatefulDataLoader:
+        return self._loader("val")
+
+    def test_dataloader(self) -> StatefulDataLoader:
+        return self._loader("test")
+
+    def predict_dataloader(self) -> StatefulDataLoader:
+        return self._loader("predict")

@@ -1,0 +1,108 @@
+"""The LightningModule: cross-entropy training of a network from nets.py, AdamW and a per-step warmup-cosine LR.
+
+Depends on torch, lightning, torchmetrics and the sibling modules nets.py and schedulers.py only, so it can be
+copied into another package together with them. Metric names: train/loss, val/loss, val/acc, test/loss, test/acc, lr.
+"""
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torchmetrics.classification import MulticlassAccuracy
+
+from .nets import create_net
+from .schedulers import WarmupCosineSchedule
+
+
+def weight_decay_groups(module: nn.Module, weight_decay: float) -> list[dict]:
+    """Two AdamW param groups: weights of linear and conv layers decay; biases and norm weights (1-D) do not.
+
+    Decaying a bias or a BatchNorm scale pulls it towards 0, which only hurts; decaying matrices regularises.
+    """
+    params = [p for p in module.parameters() if p.requires_grad]
+    return [
+        {"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
+        {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
+    ]
+
+
+class ImageClassifier(L.LightningModule):
+    """Classifies images into `num_classes` classes.
+
+    Args:
+        arch: "small_cnn" or a torchvision model name, see nets.create_net.
+        num_classes: number of classes; the CLI takes it from the DataModule.
+        in_channels: image channels; the CLI takes it from the DataModule.
+        pretrained: start a torchvision arch from ImageNet weights (downloads them).
+        lr: peak learning rate, reached at the end of warmup.
+        weight_decay: AdamW decay of weight matrices; biases and norm weights never decay.
+        warmup: linear warmup, as a fraction of the run (< 1) or a number of optimizer steps (>= 1).
+        min_lr_ratio: the cosine ends at lr * min_lr_ratio.
+        label_smoothing: cross-entropy label smoothing.
+    """
+
+    def __init__(
+        self,
+        arch: str = "small_cnn",
+        num_classes: int = 10,
+        in_channels: int = 1,
+        pretrained: bool = False,
+        lr: float = 3e-3,
+        weight_decay: float = 0.05,
+        warmup: float = 0.1,
+        min_lr_ratio: float = 0.01,
+        label_smoothing: float = 0.0,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.net = create_net(arch, num_classes, in_channels, pretrained)
+        self.val_acc = MulticlassAccuracy(num_classes, average="micro")
+        self.test_acc = MulticlassAccuracy(num_classes, average="micro")
+
+    def forward(self, images: Tensor) -> Tensor:
+        return self.net(images)
+
+    def _loss(self, logits: Tensor, targets: Tensor) -> Tensor:
+        return F.cross_entropy(logits, targets, label_smoothing=self.hparams.label_smoothing)
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        images, targets = batch
+        loss = self._loss(self(images), targets)
+        # Logged as a tensor: Lightning syncs it to the host only every `log_every_n_steps`.
+        self.log("train/loss", loss)
+        return loss
+
+    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        images, targets = batch
+        logits = self(images)
+        self.val_acc.update(logits, targets)
+        self.log("val/loss", self._loss(logits, targets), prog_bar=True)
+        self.log("val/acc", self.val_acc, prog_bar=True)
+
+    def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        images, targets = batch
+        logits = self(images)
+        self.test_acc.update(logits, targets)
+        self.log("test/loss", self._loss(logits, targets))
+        self.log("test/acc", self.test_acc)
+
+    def predict_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        """Class probabilities for each image of the batch."""
+        images, _ = batch
+        return self(images).softmax(dim=-1)
+
+    def configure_optimizers(self):
+        optimizer = torch.optim.AdamW(weight_decay_groups(self, self.hparams.weight_decay), lr=self.hparams.lr)
+        # The run's length is set in on_train_start, see WarmupCosineSchedule.
+        scheduler = WarmupCosineSchedule(optimizer, self.hparams.warmup, min_lr_ratio=self.hparams.min_lr_ratio)
+        # interval="step": Lightning steps the schedule once per optimizer step, i.e. after each full
+        # accumulation window, so the schedule counts optimizer steps, not batches.
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def on_train_start(self) -> None:
+        # Optimizer steps of the whole run: max_steps, or epochs x ceil(batches / accumulation), per device.
+        self.lr_schedulers().set_total_steps(int(self.trainer.estimated_stepping_batches))
+
+    def on_train_batch_start(self, batch, batch_idx: int) -> None:
+        # A python float, so logging it costs no device sync.
+        self.log("lr", self.lr_schedulers().get_last_lr()[0])

@@ -1,0 +1,41 @@
+"""Shared helpers: run the real CLI in-process with a tiny budget, or as `python -m` in a subprocess."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from template_package.cli import main
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+# Enough to exercise every hook in a couple of seconds: 2 epochs of 6 batches.
+QUICK = ["--trainer.max_epochs=2", "--trainer.limit_train_batches=6", "--trainer.enable_progress_bar=false"]
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path) -> Path:
+    return tmp_path / "run"
+
+
+def cli(*args: str) -> None:
+    """`python -m template_package ARGS`, in this process."""
+    main(list(args))
+
+
+def cli_subprocess(*args: str, cwd: Path = PROJECT_ROOT, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(PROJECT_ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run(
+        [sys.executable, "-m", "template_package", *args],
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+
+
+def scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar TensorBoard holds for the run, as {tag: [(step, value), ...]}."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir))
+    events.Reload()
+    return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}

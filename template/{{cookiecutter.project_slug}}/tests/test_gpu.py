@@ -1,0 +1,32 @@
+"""CUDA-only checks: skipped on machines without a GPU (the CPU suite covers bf16 autocast)."""
+
+import pytest
+import torch
+from conftest import QUICK, cli, scalars
+
+from template_package.cli import Trainer, auto_precision
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU; none on this machine")
+
+
+def test_auto_precision_is_32_true_on_cpu():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU; see test_auto_precision_picks_mixed_precision_on_cuda")
+    assert auto_precision() == "32-true"
+    assert Trainer(accelerator="cpu", logger=False).precision == "32-true"
+
+
+@needs_cuda
+def test_auto_precision_picks_mixed_precision_on_cuda():
+    expected = "bf16-mixed" if torch.cuda.is_bf16_supported(including_emulation=False) else "16-mixed"
+    assert Trainer(logger=False).precision == expected
+    assert torch.backends.cuda.matmul.allow_tf32
+
+
+@needs_cuda
+@pytest.mark.parametrize("precision", ["bf16-mixed", "16-mixed"])
+def test_mixed_precision_trains_on_cuda(tmp_path, precision):
+    cli("fit", f"--trainer.precision={precision}", "--trainer.accelerator=gpu", "--trainer.devices=1",
+        f"--trainer.default_root_dir={tmp_path}", *QUICK)  # fmt: skip
+    losses = [value for _, value in scalars(tmp_path)["train/loss"]]
+    assert losses[-1] < losses[0]

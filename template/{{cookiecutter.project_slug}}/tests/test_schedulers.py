@@ -1,0 +1,55 @@
+import math
+
+import pytest
+import torch
+
+from template_package.schedulers import WarmupCosineSchedule, resolve_warmup_steps, warmup_cosine_factor
+
+
+def lrs_over_run(total_steps: int, warmup: float, peak: float = 1e-2, min_lr_ratio: float = 0.1) -> list[float]:
+    """The LR used by each optimizer step 0..total_steps, then the LR after the last step."""
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=peak)
+    schedule = WarmupCosineSchedule(optimizer, warmup, total_steps, min_lr_ratio)
+    lrs = []
+    for _ in range(total_steps):
+        lrs.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        schedule.step()
+    return [*lrs, optimizer.param_groups[0]["lr"]]
+
+
+@pytest.mark.parametrize("total_steps, warmup, warmup_steps", [(100, 0.1, 10), (100, 25, 25), (7, 0.3, 2), (50, 0, 0)])
+def test_schedule_matches_formula_at_start_peak_and_end(total_steps, warmup, warmup_steps):
+    peak, min_ratio = 1e-2, 0.1
+    lrs = lrs_over_run(total_steps, warmup, peak, min_ratio)
+    assert lrs[0] == pytest.approx(peak / (warmup_steps + 1) if warmup_steps else peak)
+    assert lrs[warmup_steps] == pytest.approx(peak)  # the peak, right at the end of warmup
+    assert lrs[-1] == pytest.approx(peak * min_ratio)  # the minimum once the run is over
+    rising, falling = lrs[: warmup_steps + 1], lrs[warmup_steps:]
+    assert all(a < b for a, b in zip(rising[:-1], rising[1:], strict=True))
+    assert all(a >= b for a, b in zip(falling[:-1], falling[1:], strict=True))
+    mid = warmup_steps + (total_steps - warmup_steps) // 2
+    progress = (mid - warmup_steps) / (total_steps - warmup_steps)
+    assert lrs[mid] == pytest.approx(peak * (min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))))
+
+
+def test_total_steps_given_later_sets_the_current_lr():
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    schedule = WarmupCosineSchedule(optimizer, warmup=0.5)
+    assert optimizer.param_groups[0]["lr"] == 0.0  # unknown length: no update at a wrong rate
+    schedule.set_total_steps(10)
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(1 / 6)
+    assert schedule.get_last_lr() == [pytest.approx(1 / 6)]
+
+
+def test_factor_stays_at_minimum_after_the_end():
+    assert warmup_cosine_factor(500, 10, 100, 0.05) == 0.05
+
+
+@pytest.mark.parametrize(
+    "warmup, total, message",
+    [(100, 100, "not shorter than the whole run of 100"), (2.5, 100, "neither a fraction"), (-1, 10, "negative")],
+)
+def test_bad_warmup_is_refused_with_the_value(warmup, total, message):
+    with pytest.raises(ValueError, match=message):
+        resolve_warmup_steps(warmup, total)
