@@ -1,0 +1,51 @@
+"""Every answer preset in configs/ bakes a project that is complete, clean and passes its own tests."""
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from bakery import PRESETS, TEMPLATE, preset_context, run
+
+OPTIONAL_FILES = {"include_slurm": "scripts/slurm.sbatch", "include_github_actions": ".github/workflows/tests.yml"}
+
+
+@pytest.fixture(params=PRESETS, ids=[p.stem for p in PRESETS])
+def baked(request, cookies) -> tuple[Path, dict]:
+    context = preset_context(request.param)
+    result = cookies.bake(extra_context=context, template=str(TEMPLATE))
+    assert result.exit_code == 0, result.exception
+    return result.project_path, result.context
+
+
+def test_preset_bakes_a_complete_clean_project(baked):
+    project, context = baked
+    package = context["package_name"]
+    files = [p for p in project.rglob("*") if p.is_file()]
+    for path in files:
+        text = path.read_text()
+        assert not re.search(r"\{\{|\{%|cookiecutter\.", text), f"unrendered Jinja in {path}"
+        assert "template_package" not in text, f"placeholder package name left in {path}"
+    assert (project / "src" / package / "model.py").is_file()
+    assert not (project / "src" / "template_package").exists()
+    assert not [p for p in files if "__pycache__" in p.parts or p.suffix == ".ckpt"]
+    for option, relative in OPTIONAL_FILES.items():
+        assert (project / relative).is_file() == (context[option] == "yes"), relative
+    assert f'name = "{context["project_slug"]}"' in (project / "pyproject.toml").read_text()
+    assert f"python -m {package} fit" in (project / "README.md").read_text()
+    assert context["author_name"] in (project / "LICENSE").read_text()
+
+
+def test_preset_project_is_ruff_clean(baked):
+    project, _ = baked
+    for cmd in (["check", "."], ["format", "--check", "."]):
+        result = run([sys.executable, "-m", "ruff", *cmd], cwd=project)
+        assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_preset_project_passes_its_own_tests(baked):
+    project, _ = baked
+    result = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"], cwd=project, timeout=900)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    assert re.search(r"\d+ passed", result.stdout)

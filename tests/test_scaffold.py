@@ -1,0 +1,43 @@
+"""The ways users create a project: cookiecutter interactive or --no-input with key=value answers, and cruft."""
+
+import sys
+from pathlib import Path
+
+from bakery import REPO, cookiecutter_cli, run
+
+
+def test_no_input_bakes_the_default_project(tmp_path):
+    result = cookiecutter_cli(str(REPO), "--no-input", "-o", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "digits-classifier" / "src" / "digits_classifier" / "cli.py").is_file()
+
+
+def test_key_value_answers_are_honoured(tmp_path):
+    result = cookiecutter_cli(str(REPO), "--no-input", "-o", str(tmp_path), "project_name=Cat Detector", "license=MIT")
+    assert result.returncode == 0, result.stderr
+    project = tmp_path / "cat-detector"
+    assert (project / "src" / "cat_detector" / "model.py").is_file()
+    assert "class_path" not in (project / "src" / "cat_detector" / "cli.py").read_text()
+    assert "MIT License" in (project / "LICENSE").read_text()
+
+
+def test_interactive_prompts_take_typed_answers(tmp_path):
+    # One line per prompt: template choice, then each variable; an empty line keeps the default.
+    answers = "\n".join(["1", "Moon Lander", "", "lander", "", "", "", "2", "2", "2"]) + "\n"
+    result = cookiecutter_cli(str(REPO), "-o", str(tmp_path), input=answers)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    project = tmp_path / "moon-lander"
+    assert (project / "src" / "lander" / "model.py").is_file()
+    assert not (project / "scripts" / "slurm.sbatch").exists()
+    assert not (project / ".github").exists()
+
+
+def test_cruft_create_links_the_project_to_the_template(tmp_path, template_repo):
+    cruft = str(Path(sys.executable).with_name("cruft"))
+    result = run([cruft, "create", str(template_repo), "--directory", "template", "--no-input"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    project = tmp_path / "digits-classifier"
+    assert (project / ".cruft.json").is_file()
+    assert (project / "src" / "digits_classifier" / "model.py").is_file()
+    check = run([cruft, "check"], cwd=project)
+    assert check.returncode == 0, check.stdout + check.stderr
