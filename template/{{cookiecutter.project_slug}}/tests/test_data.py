@@ -3,7 +3,7 @@ import torch
 from PIL import Image
 from sklearn.datasets import load_digits
 
-from template_package.data import ImageDataModule, digits_splits
+from template_package.data import EpochShuffleSampler, ImageDataModule, digits_splits
 
 
 def test_digits_split_is_disjoint_complete_and_fixed():
@@ -23,7 +23,7 @@ def test_loaders_shuffle_and_drop_last_only_for_training():
     dm.setup("fit")
     train, val = dm.train_dataloader(), dm.val_dataloader()
     assert train.drop_last and not val.drop_last
-    assert type(train.sampler).__name__.endswith("RandomSampler")
+    assert isinstance(train.sampler, EpochShuffleSampler)
     assert type(val.sampler).__name__.endswith("SequentialSampler")
     assert len(train) == 1257 // 100 and len(val) == 3
     assert not train.pin_memory or torch.cuda.is_available()

@@ -71,20 +71,31 @@ class ProjectCLI(LightningCLI):
         parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
         parser.link_arguments("data.in_channels", "model.in_channels", apply_on="instantiate")
 
-    def before_fit(self) -> None:
-        config = self.config_init[self.subcommand]
-        last = Path(config["last_checkpoint"].dirpath) / LastCheckpoint.FILENAME
-        if config["ckpt_path"] == "last":
-            if last.is_file():
-                config["ckpt_path"] = str(last)
-            else:
+    def before_instantiate_classes(self) -> None:
+        if self.subcommand == "fit":
+            self._resolve_resume(self.config.fit)
+
+    @staticmethod
+    def _resolve_resume(config) -> None:
+        """Turn `--ckpt_path last` into this run's last.ckpt, and keep a fresh fit from overwriting a run."""
+        last = Path(config.last_checkpoint.dirpath) / LastCheckpoint.FILENAME
+        if config.ckpt_path == "last":
+            if not last.is_file():
                 print(f"fit --ckpt_path last: no {last} yet, starting a fresh run")
-                config["ckpt_path"] = None
-        elif config["ckpt_path"] is None and last.is_file():
+                config.ckpt_path = None
+                return
+            config.ckpt_path = str(last)
+        elif config.ckpt_path is None and last.is_file():
             raise SystemExit(
                 f"error: {last.parent.parent} already holds a run ({last}): resume it with --ckpt_path last, "
                 "or give a new --trainer.default_root_dir"
             )
+        logger = config.trainer.logger
+        if config.ckpt_path and getattr(logger, "class_path", "").endswith("TensorBoardLogger"):
+            # TensorBoard drops what the interrupted run logged from the checkpoint's step on, so no step appears
+            # twice. (With one optimizer the logger's step is the optimizer step count.)
+            checkpoint = torch.load(config.ckpt_path, map_location="cpu", weights_only=True, mmap=True)
+            logger.init_args.purge_step = checkpoint["global_step"]
 
 
 def checkpoint_dir(root_dir: str) -> str:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import lightning as L
 import torch
-from torch.utils.data import Dataset, TensorDataset
+from torch.utils.data import Dataset, Sampler, TensorDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -38,6 +38,29 @@ def image_folder_transforms(image_size: int):
     train = v2.Compose([v2.RandomResizedCrop(image_size, antialias=True), v2.RandomHorizontalFlip(), *to_tensor])
     evaluate = v2.Compose([v2.Resize(round(image_size * 8 / 7), antialias=True), v2.CenterCrop(image_size), *to_tensor])
     return train, evaluate
+
+
+class EpochShuffleSampler(Sampler[int]):
+    """Shuffles with a permutation that depends on (seed, epoch) alone.
+
+    Lightning calls `set_epoch` at every epoch start, after a resume too, so a run resumed at an epoch boundary
+    shuffles like the run that never stopped; mid-epoch, StatefulDataLoader fast-forwards through the same
+    permutation. torchdata's RandomSampler keeps a generator whose state at an epoch boundary is not restored: a run
+    resumed there trained on a different order (measured in tests/test_resume.py).
+    """
+
+    def __init__(self, num_samples: int, seed: int) -> None:
+        self.num_samples, self.seed, self.epoch = num_samples, seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self):
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        return iter(torch.randperm(self.num_samples, generator=generator).tolist())
+
+    def __len__(self) -> int:
+        return self.num_samples
 
 
 def default_num_workers() -> int:
@@ -110,10 +133,16 @@ class ImageDataModule(L.LightningDataModule):
 
     def _loader(self, split: str) -> StatefulDataLoader:
         train = split == "train"
+        dataset = self.datasets[split]
+        # The shuffle follows the training seed (seed_everything sets torch.initial_seed); evaluation order stays
+        # fixed, so predictions line up with the files.
+        sampler = EpochShuffleSampler(len(dataset), torch.initial_seed()) if train else None
         return StatefulDataLoader(
-            self.datasets[split],
+            dataset,
             batch_size=self.hparams.batch_size,
-            shuffle=train,  # evaluation order stays fixed, so predictions line up with the files
+            sampler=sampler,
+            # Worker seeds are drawn from this generator, not from the global RNG the model's dropout uses.
+            generator=torch.Generator().manual_seed(torch.initial_seed()),
             drop_last=train,  # a tiny last batch would make BatchNorm statistics and the loss noisy
             num_workers=self.num_workers,
             pin_memory=torch.cuda.is_available(),  # pinning only helps host-to-GPU copies
@@ -121,7 +150,12 @@ class ImageDataModule(L.LightningDataModule):
         )
 
     def train_dataloader(self) -> StatefulDataLoader:
-        return self._loader("train")
+        loader = self._loader("train")
+        if self.trainer is not None:
+            # Lightning builds the train loader, and fetches its first batch, before its own `set_epoch` call: a
+            # run resumed in epoch 2 would replay epoch 0's order. Start the sampler at the epoch being trained.
+            loader.sampler.set_epoch(self.trainer.fit_loop.epoch_progress.current.processed)
+        return loader
 
     def val_dataloader(self) -> StatefulDataLoader:
         return self._loader("val")

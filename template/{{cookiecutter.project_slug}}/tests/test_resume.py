@@ -1,0 +1,153 @@
+"""Exact resume: a run SIGKILLed anywhere and resumed with `fit --ckpt_path last` ends bit-identical to the run that
+was never interrupted: every weight, every optimizer and scheduler state, and the logged train/loss series."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from conftest import PROJECT_ROOT, scalars
+
+pytestmark = pytest.mark.slow
+TESTS = Path(__file__).resolve().parent
+# 3 epochs of 19 batches, a checkpoint every 5 optimizer steps and a logged loss at every step.
+BASE = [
+    "--trainer.max_epochs=3",
+    "--last_checkpoint.every_n_steps=5",
+    "--trainer.log_every_n_steps=1",
+    "--trainer.enable_progress_bar=false",
+    "--trainer.enable_model_summary=false",
+]
+
+
+def start_fit(run_dir: Path, *args: str) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(PROJECT_ROOT / "src"), str(TESTS)])}
+    return subprocess.Popen(
+        [sys.executable, "-m", "template_package", "fit", f"--trainer.default_root_dir={run_dir}", *BASE, *args],
+        cwd=PROJECT_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,  # its own process group: a kill reaches every DDP rank and loader worker
+    )  # fmt: skip
+
+
+def finish(process: subprocess.Popen, timeout: float = 300) -> None:
+    out, err = process.communicate(timeout=timeout)
+    assert process.returncode == 0, err[-3000:]
+
+
+def kill_group(process: subprocess.Popen) -> None:
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait(timeout=30)
+
+
+def freeze_config(tmp_path: Path, **init_args) -> str:
+    marker = tmp_path / "frozen"
+    config = {
+        "trainer": {
+            "callbacks+": [{"class_path": "kill_points.FreezeAt", "init_args": {"marker": str(marker), **init_args}}]
+        }
+    }  # noqa: E501
+    path = tmp_path / "freeze.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return str(path)
+
+
+def run_killed_and_resumed(tmp_path: Path, run_dir: Path, args: list[str], **freeze) -> None:
+    """Freeze the run at the kill point, SIGKILL it from outside, then resume it to the end."""
+    process = start_fit(run_dir, "-c", freeze_config(tmp_path, **freeze), *args)
+    marker = tmp_path / "frozen"
+    deadline = time.monotonic() + 300
+    while not marker.exists():
+        assert process.poll() is None, f"run ended before the kill point: {process.communicate()[1][-3000:]}"
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    kill_group(process)
+    assert (run_dir / "checkpoints" / "last.ckpt").is_file(), "nothing to resume from"
+    if freeze["hook"] == "checkpoint_write":  # killed with the new checkpoint half-written beside the old one
+        assert (run_dir / "checkpoints" / "last.ckpt.tmp").is_file()
+    torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)  # loadable whatever the kill point
+    finish(start_fit(run_dir, "--ckpt_path=last", *args))
+    assert not (run_dir / "checkpoints" / "last.ckpt.tmp").exists()
+
+
+def assert_same_state(a: object, b: object, where: str = "checkpoint") -> None:
+    """Equal, not close: tensors bit for bit, containers recursively."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b), where
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for key in a:
+            assert_same_state(a[key], b[key], f"{where}.{key}")
+    elif isinstance(a, list | tuple):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            assert_same_state(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, f"{where}: {a!r} != {b!r}"
+
+
+def assert_same_run(reference_dir: Path, resumed_dir: Path) -> None:
+    ref = torch.load(reference_dir / "checkpoints" / "last.ckpt", weights_only=True)
+    got = torch.load(resumed_dir / "checkpoints" / "last.ckpt", weights_only=True)
+    for key in ("state_dict", "optimizer_states", "lr_schedulers", "global_step", "epoch", "rng_states"):
+        assert_same_state(ref[key], got[key], key)
+    ref_loss, got_loss = scalars(reference_dir)["train/loss"], scalars(resumed_dir)["train/loss"]
+    assert [step for step, _ in got_loss] == [step for step, _ in ref_loss]  # no step missing or repeated
+    assert got_loss == ref_loss
+
+
+REFERENCES: dict[tuple[str, ...], Path] = {}
+
+
+def reference_run(tmp_path_factory, args: list[str]) -> Path:
+    """The uninterrupted run for these arguments, computed once per session."""
+    key = tuple(args)
+    if key not in REFERENCES:
+        run_dir = tmp_path_factory.mktemp("reference") / "run"
+        finish(start_fit(run_dir, *args))
+        REFERENCES[key] = run_dir
+    return REFERENCES[key]
+
+
+KILL_POINTS = {
+    "mid_epoch": {"hook": "on_train_batch_end", "step": 8},
+    "mid_second_epoch": {"hook": "on_train_batch_end", "step": 27},
+    "epoch_end_before_checkpoint": {"hook": "on_train_epoch_end", "step": 1},
+    "epoch_boundary_after_checkpoint": {"hook": "on_train_epoch_start", "step": 19},
+    "during_validation": {"hook": "on_validation_batch_end", "step": 19, "batch_idx": 2},
+    "during_checkpoint_write": {"hook": "checkpoint_write", "step": 12},
+}
+
+
+@pytest.mark.parametrize("kill_point", KILL_POINTS)
+def test_kill_and_resume_is_bit_identical(tmp_path, tmp_path_factory, kill_point):
+    reference = reference_run(tmp_path_factory, [])
+    run_dir = tmp_path / "run"
+    run_killed_and_resumed(tmp_path, run_dir, [], **KILL_POINTS[kill_point])
+    assert_same_run(reference, run_dir)
+
+
+def test_kill_inside_an_accumulation_window(tmp_path, tmp_path_factory):
+    args = ["--trainer.accumulate_grad_batches=3"]
+    reference = reference_run(tmp_path_factory, args)
+    run_dir = tmp_path / "run"
+    # Batch 16 is inside the window of batches 15..17 of epoch 0; the last checkpoint is at optimizer step 5,
+    # written after batch 14.
+    run_killed_and_resumed(tmp_path, run_dir, args, hook="on_train_batch_end", step=5, batch_idx=16)
+    assert_same_run(reference, run_dir)
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [["--data.num_workers=2"], ["--trainer.precision=bf16-mixed"]],
+    ids=["workers2", "bf16"],
+)
+def test_variants_resume_bit_identical_mid_epoch(tmp_path, tmp_path_factory, variant):
+    reference = reference_run(tmp_path_factory, variant)
+    run_dir = tmp_path / "run"
+    run_killed_and_resumed(tmp_path, run_dir, variant, hook="on_train_batch_end", step=8)
+    assert_same_run(reference, run_dir)
