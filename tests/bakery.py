@@ -1,7 +1,6 @@
 """Helpers to bake the template and to run commands inside a baked project (tests import it as `bakery`)."""
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path

@@ -21,11 +21,12 @@ def validate(answers: dict[str, str]) -> str | None:
         return f"project_slug {slug!r} is not a valid folder/distribution name: use lowercase letters, digits and -"
     package = answers["package_name"]
     if not package.isidentifier() or not package.isascii():
-        return f"package_name {package!r} is not a Python identifier: use letters, digits and _, e.g. 'digits_classifier'"
+        return f"package_name {package!r} is not a Python identifier: use letters, digits and _, e.g. 'my_project'"
+    suggestion = f"pick another name, e.g. '{package}_project'"
     if keyword.iskeyword(package) or keyword.issoftkeyword(package):
-        return f"package_name {package!r} is a Python keyword: pick another name, e.g. '{package}_project'"
+        return f"package_name {package!r} is a Python keyword: {suggestion}"
     if package in DEPENDENCIES or package in sys.stdlib_module_names:
-        return f"package_name {package!r} would shadow the module {package!r}: pick another name, e.g. '{package}_project'"
+        return f"package_name {package!r} would shadow the module {package!r}: {suggestion}"
     for key, valid in CHOICES.items():
         if answers[key] not in valid:
             return f"{key}={answers[key]!r} is not a valid choice: use one of {', '.join(valid)}"

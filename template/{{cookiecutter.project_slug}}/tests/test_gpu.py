@@ -30,3 +30,17 @@ def test_mixed_precision_trains_on_cuda(tmp_path, precision):
         f"--trainer.default_root_dir={tmp_path}", *QUICK)  # fmt: skip
     losses = [value for _, value in scalars(tmp_path)["train/loss"]]
     assert losses[-1] < losses[0]
+
+
+@needs_cuda
+@pytest.mark.slow
+@pytest.mark.parametrize("precision", ["bf16-mixed", "16-mixed"])
+def test_mixed_precision_resume_is_bit_identical_on_cuda(tmp_path, tmp_path_factory, precision):
+    """16-mixed also carries the GradScaler's scale and growth tracker through the checkpoint."""
+    from test_resume import assert_same_run, reference_run, run_killed_and_resumed
+
+    args = ["--trainer.accelerator=gpu", "--trainer.devices=1", f"--trainer.precision={precision}"]
+    reference = reference_run(tmp_path_factory, args)
+    run_dir = tmp_path / "run"
+    run_killed_and_resumed(tmp_path, run_dir, args, hook="on_train_batch_end", step=8)
+    assert_same_run(reference, run_dir)

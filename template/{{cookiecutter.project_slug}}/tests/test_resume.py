@@ -151,3 +151,62 @@ def test_variants_resume_bit_identical_mid_epoch(tmp_path, tmp_path_factory, var
     run_dir = tmp_path / "run"
     run_killed_and_resumed(tmp_path, run_dir, variant, hook="on_train_batch_end", step=8)
     assert_same_run(reference, run_dir)
+
+
+@pytest.mark.parametrize(
+    "signum, exit_code", [(signal.SIGTERM, 143), (signal.SIGUSR1, 138)], ids=["SIGTERM", "SIGUSR1"]
+)
+def test_preemption_signal_saves_at_the_next_optimizer_step_and_exits_non_zero(
+    tmp_path, tmp_path_factory, signum, exit_code
+):
+    args = ["--trainer.accumulate_grad_batches=3"]
+    reference = reference_run(tmp_path_factory, args)
+    run_dir = tmp_path / "run"
+    # Frozen after batch 16, inside the window 15..17: the signal lands mid-window.
+    process = start_fit(run_dir, "-c", freeze_config(tmp_path, hook="on_train_batch_end", step=5, batch_idx=16), *args)
+    while not (tmp_path / "frozen").exists():
+        assert process.poll() is None, process.communicate()[1][-3000:]
+        time.sleep(0.05)
+    os.killpg(process.pid, signum)
+    os.killpg(process.pid, signal.SIGCONT)
+    process.communicate(timeout=120)
+    assert process.returncode == exit_code
+    checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
+    assert checkpoint["global_step"] == 6  # the window was finished, not cut
+    finish(start_fit(run_dir, "--ckpt_path=last", *args))
+    assert_same_run(reference, run_dir)
+
+
+def test_ddp_two_processes_resume_bit_identical(tmp_path, tmp_path_factory):
+    args = ["--trainer.strategy=ddp", "--trainer.accelerator=cpu", "--trainer.devices=2"]
+    reference = reference_run(tmp_path_factory, args)
+    run_dir = tmp_path / "run"
+    run_killed_and_resumed(tmp_path, run_dir, args, hook="on_train_batch_end", step=6)
+    checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
+    assert checkpoint["rng_states"]["torch"].shape[0] == 2  # one RNG state per rank
+    assert_same_run(reference, run_dir)
+
+
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
+def test_random_kills_then_resume_end_bit_identical(tmp_path, tmp_path_factory, precision):
+    """The outside harness: SIGKILL at random moments of training, three times, resuming after each."""
+    import random
+
+    args = [f"--trainer.precision={precision}", "--trainer.max_epochs=6", "--last_checkpoint.every_n_steps=3"]
+    reference = reference_run(tmp_path_factory, args)
+    run_dir = tmp_path / "run"
+    rng = random.Random(precision)
+    kills = 0
+    for _ in range(3):
+        starts = len(list(run_dir.glob("events.out.tfevents.*")))
+        process = start_fit(run_dir, "--ckpt_path=last", *args)
+        while len(list(run_dir.glob("events.out.tfevents.*"))) == starts and process.poll() is None:
+            time.sleep(0.02)  # a new events file: this process has started training
+        time.sleep(rng.uniform(0.0, 1.5))
+        if process.poll() is not None:
+            break
+        kill_group(process)
+        kills += 1
+    finish(start_fit(run_dir, "--ckpt_path=last", *args))
+    assert kills >= 2
+    assert_same_run(reference, run_dir)

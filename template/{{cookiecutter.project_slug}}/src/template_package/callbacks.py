@@ -58,6 +58,7 @@ class LastCheckpoint(Callback):
         self._saved_at_step = -1
         self._step_at_batch_start = -1
         self._received_signal: int | None = None
+        self._exit_code: int | None = None
         self._previous_handlers: dict[int, object] = {}
 
     @property
@@ -85,8 +86,17 @@ class LastCheckpoint(Callback):
     def _on_signal(self, signum: int, frame) -> None:
         self._received_signal = signum
 
+    def _exit_if_saved_for_signal(self) -> None:
+        # Raised one hook after the save, so that Lightning has logged the last step's metrics first.
+        if self._exit_code is not None:
+            raise SystemExit(self._exit_code)
+
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int) -> None:
+        self._exit_if_saved_for_signal()
         self._step_at_batch_start = trainer.global_step
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._exit_if_saved_for_signal()
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
         step = trainer.global_step
@@ -94,8 +104,8 @@ class LastCheckpoint(Callback):
             return  # inside an accumulation window: the optimizer has not stepped, the state is not a step's state
         if self._stop_requested(trainer):
             self.save(trainer)
-            raise SystemExit(128 + (self._received_signal or signal.SIGTERM))
-        if self.every_n_steps and step % self.every_n_steps == 0 and step != self._saved_at_step:
+            self._exit_code = 128 + (self._received_signal or signal.SIGTERM)
+        elif self.every_n_steps and step % self.every_n_steps == 0 and step != self._saved_at_step:
             self.save(trainer)
 
     def _stop_requested(self, trainer: L.Trainer) -> bool:
@@ -105,6 +115,7 @@ class LastCheckpoint(Callback):
         return trainer.strategy.reduce_boolean_decision(self._received_signal is not None, all=False)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._exit_if_saved_for_signal()
         self.save(trainer)
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
