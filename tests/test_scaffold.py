@@ -17,7 +17,7 @@ def test_key_value_answers_are_honoured(tmp_path):
     assert result.returncode == 0, result.stderr
     project = tmp_path / "cat-detector"
     assert (project / "src" / "cat_detector" / "model.py").is_file()
-    assert "class_path" not in (project / "src" / "cat_detector" / "cli.py").read_text()
+    assert "# Cat Detector" in (project / "README.md").read_text()
     assert "MIT License" in (project / "LICENSE").read_text()
 
 

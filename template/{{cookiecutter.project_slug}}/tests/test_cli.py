@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import QUICK, cli, cli_subprocess, scalars
+from conftest import PROJECT_ROOT, QUICK, cli, cli_subprocess, scalars
 
 
 def test_fit_writes_the_run_directory_contract(run_dir: Path):
@@ -68,7 +68,7 @@ def test_mixed_precision_presets_train_on_cpu(run_dir: Path, preset: str):
     cli(
         "fit",
         "-c",
-        f"configs/{preset}",
+        str(PROJECT_ROOT / "configs" / preset),
         f"--trainer.default_root_dir={run_dir}",
         "--trainer.log_every_n_steps=1",
         *QUICK,

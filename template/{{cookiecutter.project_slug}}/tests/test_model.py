@@ -18,21 +18,42 @@ def test_biases_and_norm_weights_do_not_decay():
     assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
 
 
-@pytest.mark.parametrize("max_epochs, max_steps, accumulate", [(3, -1, 1), (3, -1, 3), (50, 5, 2)])
-def test_schedule_counts_optimizer_steps_and_ends_at_min_lr(max_epochs, max_steps, accumulate):
+class RecordLR(L.Callback):
+    """The LR each optimizer step is taken with."""
+
+    def __init__(self) -> None:
+        self.lrs: list[float] = []
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        self.lrs.append(optimizer.param_groups[0]["lr"])
+
+
+@pytest.mark.parametrize("accumulate", [1, 3, 4])
+@pytest.mark.parametrize(
+    "max_epochs, max_steps", [(3, -1), (50, 5), (2, 1000)], ids=["epochs", "steps", "epochs_before_steps"]
+)
+def test_schedule_follows_the_formula_in_optimizer_steps(max_epochs, max_steps, accumulate):
     """10 batches per epoch: with accumulation 3 an epoch is ceil(10 / 3) = 4 optimizer steps (last window partial)."""
     data = TensorDataset(torch.rand(40, 1, 8, 8), torch.randint(0, 10, (40,)))
-    model = ImageClassifier(lr=1e-2, warmup=0.25, min_lr_ratio=0.1)
+    peak, warmup, min_ratio = 1e-2, 0.25, 0.1
+    model = ImageClassifier(lr=peak, warmup=warmup, min_lr_ratio=min_ratio)
+    record = RecordLR()
     trainer = L.Trainer(
-        max_epochs=max_epochs, max_steps=max_steps, accumulate_grad_batches=accumulate,
+        max_epochs=max_epochs, max_steps=max_steps, accumulate_grad_batches=accumulate, callbacks=[record],
         logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
     )  # fmt: skip
     trainer.fit(model, DataLoader(data, batch_size=4))
-    expected = max_steps if max_steps > 0 else math.ceil(10 / accumulate) * max_epochs
-    schedule = model.lr_schedulers()
-    assert trainer.global_step == expected
-    assert schedule.total_steps == expected and schedule.last_epoch == expected
-    assert trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(1e-3)
+    by_epochs = math.ceil(10 / accumulate) * max_epochs
+    total = min(by_epochs, max_steps) if max_steps > 0 else by_epochs
+    warmup_steps = round(warmup * total)
+    assert trainer.global_step == len(record.lrs) == total
+    assert model.lr_schedulers().total_steps == total
+    assert record.lrs[0] == pytest.approx(peak / (warmup_steps + 1))
+    assert record.lrs[warmup_steps] == pytest.approx(peak)
+    rising, falling = record.lrs[: warmup_steps + 1], record.lrs[warmup_steps:]
+    assert all(a < b for a, b in zip(rising[:-1], rising[1:], strict=True))
+    assert all(a > b for a, b in zip(falling[:-1], falling[1:], strict=True))
+    assert trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(peak * min_ratio)  # after the last step
 
 
 def test_predict_step_returns_class_probabilities():

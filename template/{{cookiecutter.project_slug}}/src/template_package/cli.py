@@ -31,17 +31,22 @@ def auto_precision() -> str:
     return "bf16-mixed" if torch.cuda.is_bf16_supported(including_emulation=False) else "16-mixed"
 
 
+CHECKPOINT_CALLBACKS = (ModelCheckpoint, LastCheckpoint)
+
+
 class Trainer(L.Trainer):
     """Lightning's Trainer with `precision="auto"` (see `auto_precision`) and TF32 matmuls on CUDA.
 
     Every other argument is Lightning's own; any Lightning precision string ("32-true", "bf16-mixed", "16-mixed",
-    ...) is passed through unchanged. `enable_progress_bar=False` also drops the config's RichProgressBar, where
-    Lightning would refuse the combination.
+    ...) is passed through unchanged. `enable_progress_bar=False` and `enable_checkpointing=False` also drop the
+    progress bar and checkpoint callbacks that the config adds.
     """
 
     def __init__(self, *args, precision: Literal["auto"] | _PRECISION_INPUT = "auto", **kwargs) -> None:
-        if kwargs.get("enable_progress_bar") is False and kwargs.get("callbacks"):
-            kwargs["callbacks"] = [c for c in kwargs["callbacks"] if not isinstance(c, ProgressBar)]
+        # Switching a feature off also drops its callbacks from the config, where Lightning would refuse the mix.
+        for switch, kinds in (("enable_progress_bar", ProgressBar), ("enable_checkpointing", CHECKPOINT_CALLBACKS)):
+            if kwargs.get(switch) is False and kwargs.get("callbacks"):
+                kwargs["callbacks"] = [c for c in kwargs["callbacks"] if not isinstance(c, kinds)]
         if torch.cuda.is_available():
             # TF32 tensor cores for float32 matmuls and convolutions: ~8x faster on Ampere+, deterministic.
             torch.backends.cuda.matmul.allow_tf32 = True
@@ -102,17 +107,16 @@ def checkpoint_dir(root_dir: str) -> str:
     return str(Path(root_dir) / "checkpoints")
 
 
-def main(args: list[str] | None = None) -> None:
-    ProjectCLI(
+def main(args: list[str] | None = None) -> ProjectCLI:
+    """Parse `args` (default: sys.argv) and run the subcommand."""
+    defaults = {"default_config_files": [str(DEFAULT_CONFIG)]}
+    return ProjectCLI(
         ImageClassifier,
         ImageDataModule,
         trainer_class=Trainer,
         save_config_callback=RunConfigCallback,
         save_config_kwargs={"overwrite": True},  # a resumed run rewrites its own config
-        parser_kwargs={
-            subcommand: {"default_config_files": [str(DEFAULT_CONFIG)]}
-            for subcommand in ("fit", "validate", "test", "predict")
-        },
+        parser_kwargs={subcommand: defaults for subcommand in ("fit", "validate", "test", "predict")},
         args=args,
         auto_configure_optimizers=False,
     )

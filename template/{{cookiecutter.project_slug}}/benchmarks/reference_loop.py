@@ -1,0 +1,73 @@
+"""The project's training recipe written as a plain PyTorch loop, without Lightning.
+
+The parity test (tests/test_parity.py) checks that the Trainer computes exactly this, and benchmarks/overhead.py
+measures what the Trainer costs on top of it. Written independently of model.py and schedulers.py on purpose.
+"""
+
+import math
+from collections.abc import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def lr_factor(step: int, warmup_steps: int, total_steps: int, min_lr_ratio: float) -> float:
+    """Linear warmup from 1/(warmup+1) to 1, then cosine down to min_lr_ratio at total_steps."""
+    if step < warmup_steps:
+        return (step + 1) / (warmup_steps + 1)
+    progress = min(1.0, (step - warmup_steps) / (total_steps - warmup_steps))
+    return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def train(
+    net: nn.Module,
+    loader: Iterable,
+    *,
+    epochs: int,
+    accumulate: int = 1,
+    lr: float = 3e-3,
+    weight_decay: float = 0.05,
+    warmup: float = 0.1,
+    min_lr_ratio: float = 0.01,
+    clip_norm: float | None = 1.0,
+    precision: str = "32-true",
+    device: str = "cpu",
+) -> list[float]:
+    """Train `net` in place and return the loss of the last batch of every optimizer step."""
+    net.to(device).train()
+    decay = [p for p in net.parameters() if p.ndim >= 2]  # weight matrices and conv kernels
+    no_decay = [p for p in net.parameters() if p.ndim < 2]  # biases and norm scales/shifts
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}], lr=lr
+    )
+    batches = len(loader)
+    total_steps = epochs * math.ceil(batches / accumulate)  # the last window of an epoch may be partial
+    warmup_steps = round(warmup * total_steps) if warmup < 1 else int(warmup)
+    autocast_dtype = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(precision)
+    # fp16 gradients underflow without loss scaling; bf16 has float32's range and needs none.
+    scaler = torch.amp.GradScaler(device, enabled=precision == "16-mixed")
+    step, losses = 0, []
+    for epoch in range(epochs):
+        if hasattr(loader.sampler, "set_epoch"):
+            loader.sampler.set_epoch(epoch)
+        for i, (x, y) in enumerate(loader):
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            with torch.autocast(device, dtype=autocast_dtype or torch.float32, enabled=autocast_dtype is not None):
+                loss = F.cross_entropy(net(x), y)
+            # Summed over the window, loss / accumulate gives the mean gradient of a full window, as in Lightning.
+            scaler.scale(loss / accumulate).backward()
+            if (i + 1) % accumulate != 0 and i + 1 != batches:
+                continue  # inside an accumulation window; the epoch's last batch closes a partial one
+            for group in optimizer.param_groups:
+                group["lr"] = lr * lr_factor(step, warmup_steps, total_steps, min_lr_ratio)
+            if clip_norm is not None:
+                scaler.unscale_(optimizer)  # clip the true gradients, not the loss-scaled ones
+                # One global norm over every parameter, summed in the optimizer's order like Lightning does.
+                torch.nn.utils.clip_grad_norm_(decay + no_decay, clip_norm)
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad(set_to_none=True)
+            losses.append(loss.item())
+            step += 1
+    return losses
