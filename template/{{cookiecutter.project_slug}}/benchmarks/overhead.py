@@ -45,10 +45,11 @@ def trainer_seconds_per_step(epochs: int, features: bool, root: str) -> float:
         "--trainer.num_sanity_val_steps=0",
         "--trainer.enable_model_summary=false",
     ]
+    timer = f"{StepTimer.__module__}.StepTimer"
     if features:
-        args += ["--trainer.callbacks+=__main__.StepTimer"]
+        args += [f"--trainer.callbacks+={timer}"]
     else:
-        args += ["--trainer.callbacks=[__main__.StepTimer]", "--trainer.logger=false"]
+        args += [f"--trainer.callbacks=[{timer}]", "--trainer.logger=false"]
         args += ["--trainer.enable_progress_bar=false", "--trainer.enable_checkpointing=false"]
     cli = run_cli(args)
     return next(c for c in cli.trainer.callbacks if isinstance(c, StepTimer)).seconds_per_step
@@ -71,6 +72,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--epochs", type=int, default=5)
     args = parser.parse_args()
+    sys.argv = sys.argv[:1]  # LightningCLI gets its arguments from run_cli's list, not from this command line
     torch.set_num_threads(torch.get_num_threads())  # the same thread pool for both
     trainer_times, reference_times = [], []
     with tempfile.TemporaryDirectory() as tmp:

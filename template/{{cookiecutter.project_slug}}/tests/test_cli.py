@@ -14,6 +14,7 @@ def test_fit_writes_the_run_directory_contract(run_dir: Path):
     logged = scalars(run_dir)
     assert {"train/loss", "val/loss", "val/acc", "lr"} <= logged.keys()
     assert [step for step, _ in logged["val/acc"]] == [5, 11]  # one value per epoch, at the epoch's last step
+    assert [step for step, _ in logged["train/loss"]] == [step for step, _ in logged["lr"]] == [9]  # every 10 steps
     ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
     assert ckpt["global_step"] == 12 and ckpt["epoch"] == 1
     assert len(list((run_dir / "checkpoints").glob("epoch=*-val_acc=*.ckpt"))) == 2  # top-k by val/acc
