@@ -19,9 +19,9 @@ def run_dir(tmp_path: Path) -> Path:
     return tmp_path / "run"
 
 
-def cli(*args: str) -> None:
-    """`python -m template_package ARGS`, in this process."""
-    main(list(args))
+def cli(*args: str):
+    """`python -m template_package ARGS`, in this process; returns the LightningCLI."""
+    return main(list(args))
 
 
 def cli_subprocess(*args: str, cwd: Path = PROJECT_ROOT, timeout: float = 300) -> subprocess.CompletedProcess:

@@ -77,3 +77,16 @@ def test_mixed_precision_presets_train_on_cpu(run_dir: Path, preset: str):
     losses = [value for _, value in scalars(run_dir)["train/loss"]]
     assert all(torch.isfinite(torch.tensor(losses)))
     assert losses[-1] < losses[0]
+
+
+def test_early_stopping_preset_adds_to_the_default_callbacks(run_dir: Path):
+    from lightning.pytorch.callbacks import EarlyStopping, RichProgressBar
+
+    result = cli(
+        "fit", "-c", str(PROJECT_ROOT / "configs" / "early_stopping.yaml"), f"--trainer.default_root_dir={run_dir}"
+    )
+    callbacks = result.trainer.callbacks
+    stopper = next(c for c in callbacks if isinstance(c, EarlyStopping))
+    assert stopper.monitor == "val/acc" and stopper.patience == 5
+    assert any(isinstance(c, RichProgressBar) for c in callbacks)  # added to the list, not replacing it
+    assert result.trainer.current_epoch < 20  # digits saturate early: it stopped before max_epochs

@@ -6,6 +6,9 @@ needs: `--trainer.default_root_dir DIR` holds `DIR/checkpoints/last.ckpt`, `DIR/
 events, and `fit --ckpt_path last` resumes that run, or starts it when there is nothing to resume yet.
 """
 
+import os
+import re
+from argparse import ArgumentError
 from pathlib import Path
 from typing import Literal
 
@@ -16,6 +19,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 
 from .callbacks import LastCheckpoint
+from .checks import check_architecture, check_checkpoint, check_run_dir_writable, explain_parse_error
 from .data import ImageDataModule
 from .model import ImageClassifier
 
@@ -43,6 +47,9 @@ class Trainer(L.Trainer):
     """
 
     def __init__(self, *args, precision: Literal["auto"] | _PRECISION_INPUT = "auto", **kwargs) -> None:
+        accumulate = kwargs.get("accumulate_grad_batches", 1)
+        if not isinstance(accumulate, int) or accumulate < 1:
+            raise ValueError(f"trainer.accumulate_grad_batches={accumulate!r} must be a whole number >= 1")
         # Switching a feature off also drops its callbacks from the config, where Lightning would refuse the mix.
         for switch, kinds in (("enable_progress_bar", ProgressBar), ("enable_checkpointing", CHECKPOINT_CALLBACKS)):
             if kwargs.get(switch) is False and kwargs.get("callbacks"):
@@ -55,11 +62,14 @@ class Trainer(L.Trainer):
 
 
 class RunConfigCallback(SaveConfigCallback):
-    """Saves the resolved config as DIR/config.yaml when fitting, so validate/test/predict leave it alone."""
+    """Saves the resolved config as DIR/config.yaml once training starts: validate/test/predict leave it alone, and
+    a fit that fails during set-up (a bad checkpoint, a warmup longer than the run) does not touch the run."""
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        if stage == "fit":
-            super().setup(trainer, pl_module, stage)
+        pass
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().setup(trainer, pl_module, "fit")
 
 
 class ProjectCLI(LightningCLI):
@@ -76,47 +86,86 @@ class ProjectCLI(LightningCLI):
         parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
         parser.link_arguments("data.in_channels", "model.in_channels", apply_on="instantiate")
 
-    def before_instantiate_classes(self) -> None:
-        if self.subcommand == "fit":
-            self._resolve_resume(self.config.fit)
+    def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
+        """Parse, then check what was given, before LightningCLI reads a checkpoint or builds anything."""
+        try:
+            super().parse_arguments(parser, args)
+        except ArgumentError as error:
+            raise SystemExit(f"error: {explain_parse_error(str(error), self.parser)}") from None
+        subcommand = self.config.get("subcommand")
+        config = self.config[subcommand]
+        if subcommand == "fit":
+            check_run_dir_writable(Path(config.trainer.default_root_dir))
+            resolve_resume(config)
+        if config.ckpt_path:
+            check_checkpoint(config.ckpt_path, config.weights_only)
+            if subcommand == "fit":
+                continue_tensorboard_run(config)
 
-    @staticmethod
-    def _resolve_resume(config) -> None:
-        """Turn `--ckpt_path last` into this run's last.ckpt, and keep a fresh fit from overwriting a run."""
-        last = Path(config.last_checkpoint.dirpath) / LastCheckpoint.FILENAME
-        if config.ckpt_path == "last":
-            if not last.is_file():
-                print(f"fit --ckpt_path last: no {last} yet, starting a fresh run")
-                config.ckpt_path = None
-                return
+    def _check_architecture(self) -> None:
+        """After the model is built: does the checkpoint fit it? One line instead of load_state_dict's page."""
+        ckpt_path = self.config_init[self.subcommand].get("ckpt_path")
+        if ckpt_path:
+            check_architecture(ckpt_path, self.model)
+
+    before_fit = before_validate = before_test = before_predict = _check_architecture
+
+
+def resolve_resume(config) -> None:
+    """Turn `--ckpt_path last` into this run's last.ckpt, and keep a fresh fit from overwriting a run."""
+    last = Path(config.last_checkpoint.dirpath) / LastCheckpoint.FILENAME
+    if config.ckpt_path == "last":
+        if last.is_file():
             config.ckpt_path = str(last)
-        elif config.ckpt_path is None and last.is_file():
-            raise SystemExit(
-                f"error: {last.parent.parent} already holds a run ({last}): resume it with --ckpt_path last, "
-                "or give a new --trainer.default_root_dir"
-            )
-        logger = config.trainer.logger
-        if config.ckpt_path and getattr(logger, "class_path", "").endswith("TensorBoardLogger"):
-            # TensorBoard drops what the interrupted run logged from the checkpoint's step on, so no step appears
-            # twice. (With one optimizer the logger's step is the optimizer step count.)
-            checkpoint = torch.load(config.ckpt_path, map_location="cpu", weights_only=True, mmap=True)
-            logger.init_args.purge_step = checkpoint["global_step"]
+        else:
+            print(f"fit --ckpt_path last: no {last} yet, starting a fresh run")
+            config.ckpt_path = None
+    elif config.ckpt_path is None and last.is_file():
+        raise SystemExit(
+            f"error: {last.parent.parent} already holds a run ({last}): resume it with --ckpt_path last, "
+            "or give a new --trainer.default_root_dir"
+        )
+
+
+def continue_tensorboard_run(config) -> None:
+    """TensorBoard drops what an interrupted run logged from the checkpoint's step on, so no step appears twice.
+    (With one optimizer the logger's step is the optimizer step count.)"""
+    logger = config.trainer.logger
+    if getattr(logger, "class_path", "").endswith("TensorBoardLogger"):
+        checkpoint = torch.load(config.ckpt_path, map_location="cpu", weights_only=True, mmap=True)
+        logger.init_args.purge_step = checkpoint["global_step"]
 
 
 def checkpoint_dir(root_dir: str) -> str:
     return str(Path(root_dir) / "checkpoints")
 
 
+# What a user can get wrong: printed as one line without a traceback (TRACEBACK=1 shows it).
+USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, PermissionError, FloatingPointError)
+
+
 def main(args: list[str] | None = None) -> ProjectCLI:
     """Parse `args` (default: sys.argv) and run the subcommand."""
-    defaults = {"default_config_files": [str(DEFAULT_CONFIG)]}
+    try:
+        return build_cli(args)
+    except USER_ERRORS as error:
+        if os.environ.get("TRACEBACK"):
+            raise
+        # Errors raised in loader workers arrive wrapped: their last line is the original message.
+        lines = [line.strip() for line in str(error).splitlines() if line.strip()] or [type(error).__name__]
+        message = re.sub(r"^\w+(Error|Exception): ", "", lines[-1])
+        raise SystemExit(f"error: {message}") from None
+
+
+def build_cli(args: list[str] | None) -> ProjectCLI:
+    defaults = {"default_config_files": [str(DEFAULT_CONFIG)], "exit_on_error": False}
     return ProjectCLI(
         ImageClassifier,
         ImageDataModule,
         trainer_class=Trainer,
         save_config_callback=RunConfigCallback,
         save_config_kwargs={"overwrite": True},  # a resumed run rewrites its own config
-        parser_kwargs={subcommand: defaults for subcommand in ("fit", "validate", "test", "predict")},
+        parser_kwargs={"exit_on_error": False, **{sub: defaults for sub in ("fit", "validate", "test", "predict")}},
         args=args,
         auto_configure_optimizers=False,
     )

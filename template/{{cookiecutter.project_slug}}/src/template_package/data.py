@@ -17,6 +17,13 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 
+def check_finite(images: torch.Tensor, name: str) -> None:
+    """In-memory data is checked once, up front: a NaN in the inputs would otherwise surface as a NaN loss later."""
+    bad = (~torch.isfinite(images)).flatten(1).any(1).nonzero().flatten()
+    if len(bad):
+        raise ValueError(f"{name} has non-finite values (NaN or inf) in {len(bad)} samples, first at index {bad[0]}")
+
+
 def digits_splits(val_fraction: float, test_fraction: float, seed: int) -> tuple[Dataset, Dataset, Dataset]:
     """Digits as (train, val, test) TensorDatasets of 1x8x8 images in [0, 1], split the same way for every seed."""
     from sklearn.datasets import load_digits  # imported here: it costs a second and ImageFolder runs never need it
@@ -24,10 +31,22 @@ def digits_splits(val_fraction: float, test_fraction: float, seed: int) -> tuple
     digits = load_digits()
     images = torch.from_numpy(digits.images).float().div_(16.0).unsqueeze(1)
     targets = torch.from_numpy(digits.target).long()
+    check_finite(images, "digits")
     order = torch.randperm(len(targets), generator=torch.Generator().manual_seed(seed))
     n_val, n_test = round(val_fraction * len(order)), round(test_fraction * len(order))
     parts = order[n_val + n_test :], order[:n_val], order[n_val : n_val + n_test]
     return tuple(TensorDataset(images[idx], targets[idx]) for idx in parts)
+
+
+def load_rgb_image(path: str):
+    """PIL's loader, with the file's path in the error when the image cannot be decoded."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as image:
+            return image.convert("RGB")
+    except (UnidentifiedImageError, OSError) as error:
+        raise ValueError(f"cannot decode the image {path} ({error.__class__.__name__}): fix or delete it") from None
 
 
 def image_folder_transforms(image_size: int):
@@ -113,7 +132,11 @@ class ImageDataModule(L.LightningDataModule):
         train = root / "train"
         if not train.is_dir():
             raise FileNotFoundError(f"data_dir={str(root)!r} has no train/ folder: expected train/<class>/ images")
-        return sorted(entry.name for entry in train.iterdir() if entry.is_dir())
+        classes = sorted(entry.name for entry in train.iterdir() if entry.is_dir())
+        if len(classes) < 2:
+            found = f"only the class folder {classes[0]!r}" if classes else "no class folders"
+            raise ValueError(f"{train} has {found}: a classifier needs train/<class>/ folders for 2 classes or more")
+        return classes
 
     def setup(self, stage: str) -> None:
         if self.datasets:
@@ -127,9 +150,16 @@ class ImageDataModule(L.LightningDataModule):
 
         train_tf, eval_tf = image_folder_transforms(hp.image_size)
         root = Path(hp.data_dir)
-        self.datasets = {"train": ImageFolder(root / "train", train_tf), "val": ImageFolder(root / "val", eval_tf)}
-        test_root = root / "test" if (root / "test").is_dir() else root / "val"
-        self.datasets["test"] = self.datasets["predict"] = ImageFolder(test_root, eval_tf)
+        if not (root / "val").is_dir():
+            raise FileNotFoundError(f"data_dir={str(root)!r} has no val/ folder: expected val/<class>/ images")
+        folders = {"train": root / "train", "val": root / "val", "test": root / "test"}
+        if not folders["test"].is_dir():
+            folders["test"] = folders["val"]
+        self.datasets = {
+            split: ImageFolder(folder, train_tf if split == "train" else eval_tf, loader=load_rgb_image)
+            for split, folder in folders.items()
+        }
+        self.datasets["predict"] = self.datasets["test"]
 
     def _loader(self, split: str) -> StatefulDataLoader:
         train = split == "train"

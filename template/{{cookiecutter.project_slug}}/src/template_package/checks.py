@@ -1,0 +1,100 @@
+"""Up-front checks of what a user gives the CLI, so that a mistake costs one clear line, not a traceback or a run.
+
+Each check names the bad value and what would be valid, and runs before anything in the run directory is touched.
+"""
+
+import difflib
+import pickle
+import re
+from pathlib import Path
+from typing import get_args
+
+import lightning as L
+import torch
+from lightning.fabric.plugins.precision.precision import _PRECISION_INPUT
+from lightning.pytorch.cli import LightningArgumentParser
+
+PRECISIONS = ["auto", *(p for p in get_args(get_args(_PRECISION_INPUT)[1]) if "transformer" not in p)]
+
+
+def explain_parse_error(message: str, parser: LightningArgumentParser) -> str:
+    """jsonargparse's error as one line, with the valid values or the closest option name."""
+    # From the command line: "unrecognized arguments: --model.lrr=1"; from a config file: "... option 'model.lrr'".
+    unknown = re.match(r"unrecognized arguments: (--[^\s=]+)", message) or re.search(
+        r"accept option '([^']+)'", message
+    )
+    if unknown:
+        name = unknown.group(1)
+        prefix = "--" if name.startswith("--") else ""
+        subparsers = getattr(getattr(parser, "_subcommands_action", None), "_name_parser_map", {})
+        options = [prefix + option[2:] for subparser in subparsers.values() for option in _options(subparser)]
+        close = difflib.get_close_matches(name, options, n=1)
+        hint = f"did you mean {close[0]}?" if close else "see --help for the valid options"
+        return f"unknown option {name}: {hint}"
+    key = re.match(r'Parser key "([^"]+)"', message)
+    given = re.search(r"Given value: (.*)", message) or re.search(r"Got value: (.*)", message)
+    if key and key.group(1) == "trainer.precision" and given:
+        return f"trainer.precision={given.group(1)!r} is not a precision: use one of {', '.join(PRECISIONS)}"
+    return " ".join(line.strip() for line in message.splitlines() if line.strip())
+
+
+def _options(parser) -> list[str]:
+    return [option for action in parser._actions for option in action.option_strings if option.startswith("--")]
+
+
+def check_run_dir_writable(root: Path) -> None:
+    """Fail now, not after an hour of training, when the run directory cannot be written."""
+    try:
+        (root / "checkpoints").mkdir(parents=True, exist_ok=True)
+        probe = root / ".write_test"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as error:
+        raise SystemExit(
+            f"error: cannot write the run directory {root} ({error.strerror}): give another --trainer.default_root_dir"
+        ) from None
+
+
+def check_checkpoint(ckpt_path: str, weights_only: bool | None) -> None:
+    """Refuse a checkpoint that is missing, unreadable, or needs unpickling arbitrary objects, in one line."""
+    if ckpt_path in ("best", "hpc", "registry"):
+        return
+    path = Path(ckpt_path)
+    if not path.is_file():
+        raise SystemExit(f"error: --ckpt_path {ckpt_path} does not exist: give the path of a .ckpt file")
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=weights_only is not False, mmap=True)
+    except pickle.UnpicklingError as error:
+        if "Unsupported global" not in str(error):
+            raise SystemExit(f"error: --ckpt_path {ckpt_path} is corrupted ({error}): use another checkpoint") from None
+        raise SystemExit(
+            f"error: --ckpt_path {ckpt_path} holds Python objects that only unpickling can rebuild, and unpickling "
+            "runs arbitrary code, so it was refused: if you trust the file, add --weights_only false"
+        ) from None
+    except (RuntimeError, EOFError, OSError) as error:
+        reason = str(error).splitlines()[0]
+        message = f"error: --ckpt_path {ckpt_path} is truncated or corrupted ({reason}): use another checkpoint"
+        raise SystemExit(message) from None
+    if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
+        raise SystemExit(f"error: --ckpt_path {ckpt_path} is not a Lightning checkpoint (no state_dict in it)")
+
+
+def check_architecture(ckpt_path: str, model: L.LightningModule) -> None:
+    """Name the weights that do not fit this model, instead of Lightning's page-long load_state_dict error."""
+    if not Path(ckpt_path).is_file():
+        return
+    saved = torch.load(ckpt_path, map_location="cpu", weights_only=True, mmap=True)["state_dict"]
+    expected = model.state_dict()
+    problems = [f"missing {k}" for k in expected if k not in saved]
+    problems += [f"unexpected {k}" for k in saved if k not in expected]
+    problems += [
+        f"{k} is {tuple(saved[k].shape)} in the checkpoint, {tuple(v.shape)} here"
+        for k, v in expected.items()
+        if k in saved and saved[k].shape != v.shape
+    ]
+    if problems:
+        raise SystemExit(
+            f"error: --ckpt_path {ckpt_path} is for another architecture ({'; '.join(problems[:3])}"
+            f"{f' and {len(problems) - 3} more' if len(problems) > 3 else ''}): "
+            "check --model.arch and the data, or load partial weights with strict=False (see README)"
+        )
