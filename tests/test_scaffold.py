@@ -1,5 +1,6 @@
 """The ways users create a project: cookiecutter interactive or --no-input with key=value answers, and cruft."""
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -41,3 +42,23 @@ def test_cruft_create_links_the_project_to_the_template(tmp_path, template_repo)
     assert (project / "src" / "digits_classifier" / "model.py").is_file()
     check = run([cruft, "check"], cwd=project)
     assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_cruft_update_brings_a_template_change_into_the_project(tmp_path, template_repo):
+    cruft = str(Path(sys.executable).with_name("cruft"))
+    created = run([cruft, "create", str(template_repo), "--directory", "template", "--no-input"], cwd=tmp_path)
+    assert created.returncode == 0, created.stderr
+    project = tmp_path / "digits-classifier"
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
+    for cmd in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "project"]):
+        subprocess.run([*git, *cmd], cwd=project, check=True, capture_output=True)
+    # The template moves on: a new line in a preset, committed upstream.
+    preset = template_repo / "template" / "{{cookiecutter.project_slug}}" / "configs" / "fast.yaml"
+    preset.write_text(preset.read_text() + "# a template change\n")
+    subprocess.run([*git, "commit", "-q", "-am", "change"], cwd=template_repo, check=True, capture_output=True)
+    assert run([cruft, "check"], cwd=project).returncode != 0  # behind the template
+    updated = run([cruft, "update", "-y"], cwd=project)
+    assert updated.returncode == 0, updated.stdout + updated.stderr
+    assert (project / "configs" / "fast.yaml").read_text().endswith("# a template change\n")
+    assert (project / "src" / "digits_classifier" / "model.py").is_file()  # the hook's rename survived the update
+    assert run([cruft, "check"], cwd=project).returncode == 0

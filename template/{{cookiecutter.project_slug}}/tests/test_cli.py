@@ -1,5 +1,6 @@
 """The command line and its run-directory contract, run for real on digits."""
 
+import csv
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ def test_fit_writes_the_run_directory_contract(run_dir: Path):
     assert [step for step, _ in logged["train/loss"]] == [step for step, _ in logged["lr"]] == [9]  # every 10 steps
     ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
     assert ckpt["global_step"] == 12 and ckpt["epoch"] == 1
+    assert_confusion_image_matches_the_model(run_dir, ckpt)
     assert len(list((run_dir / "checkpoints").glob("epoch=*-val_acc=*.ckpt"))) == 2  # top-k by val/acc
 
 
@@ -28,6 +30,10 @@ def test_validate_test_predict_load_the_checkpoint(run_dir: Path):
         cli(subcommand, f"--trainer.default_root_dir={run_dir}", f"--ckpt_path={ckpt}")
     assert "test/acc" in scalars(run_dir)
     assert (run_dir / "config.yaml").read_text() == config_before  # only fit writes the run's config
+    rows = list(csv.DictReader((run_dir / "predictions.csv").open()))
+    assert len(rows) == 270 and [int(r["index"]) for r in rows] == list(range(270))  # the digits test split
+    probs = [float(rows[0][f"p_{c}"]) for c in range(10)]
+    assert sum(probs) == pytest.approx(1.0, abs=1e-4) and rows[0]["prediction"] == str(probs.index(max(probs)))
 
 
 def test_resume_continues_the_same_run(run_dir: Path):
@@ -90,3 +96,55 @@ def test_early_stopping_preset_adds_to_the_default_callbacks(run_dir: Path):
     assert stopper.monitor == "val/acc" and stopper.patience == 5
     assert any(isinstance(c, RichProgressBar) for c in callbacks)  # added to the list, not replacing it
     assert result.trainer.current_epoch < 20  # digits saturate early: it stopped before max_epochs
+
+
+def assert_confusion_image_matches_the_model(run_dir: Path, checkpoint: dict) -> None:
+    """The last image equals the row-normalised confusion matrix of the validated model, computed by hand."""
+    from template_package.data import digits_splits
+    from template_package.model import ImageClassifier
+
+    model = ImageClassifier().eval()
+    model.load_state_dict(checkpoint["state_dict"])
+    _, val, _ = digits_splits(0.15, 0.15, seed=0)
+    images, targets = val.tensors
+    with torch.no_grad():
+        predicted = model(images).argmax(-1)
+    counts = torch.bincount(targets * 10 + predicted, minlength=100).reshape(10, 10).float()
+    expected = counts / counts.sum(1, keepdim=True)
+    image = torch.from_numpy(confusion_matrix_image(run_dir).copy()).float() / 255
+    assert image.shape == (160, 160)  # 10 classes x 16 pixels
+    torch.testing.assert_close(image[8::16, 8::16], expected, atol=1 / 255, rtol=0)
+
+
+def confusion_matrix_image(run_dir: Path):
+    """The last confusion-matrix image TensorBoard holds, as a 2-D uint8 array."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir), size_guidance={"images": 0})
+    events.Reload()
+    encoded = events.Images("val/confusion_matrix")[-1].encoded_image_string
+    return np.asarray(Image.open(io.BytesIO(encoded)).convert("L"))
+
+
+@pytest.mark.parametrize("preset", ["fsdp.yaml", "ddp.yaml", "fast.yaml", "compile.yaml"])
+def test_every_preset_parses(preset: str, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli("fit", "-c", str(PROJECT_ROOT / "configs" / preset), "--print_config")
+    assert exit_info.value.code in (0, None)
+    assert "trainer:" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_compiled_model_checkpoint_loads_into_an_uncompiled_model(run_dir: Path):
+    from template_package.model import ImageClassifier
+
+    cli("fit", "-c", str(PROJECT_ROOT / "configs" / "compile.yaml"), f"--trainer.default_root_dir={run_dir}",
+        "--trainer.max_steps=3", "--trainer.limit_val_batches=2", "--trainer.enable_progress_bar=false")  # fmt: skip
+    weights = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    plain = ImageClassifier()
+    assert set(weights) == set(plain.state_dict())  # no "_orig_mod." prefixes
+    plain.load_state_dict(weights)

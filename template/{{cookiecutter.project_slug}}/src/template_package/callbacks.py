@@ -6,8 +6,11 @@
   same directory, fsync and rename, so a kill at any instant leaves a loadable `last.ckpt`.
 - `ResumableRNGState`: Lightning does not save the python, numpy, torch and CUDA random states; without them a
   resumed run draws different dropout masks and epoch shuffles than the run that never stopped.
+- `PredictionsCSV`: `predict` writes one row per input, with the predicted class and every class probability.
+- `ConfusionMatrixImage`: TensorBoard shows the validation confusion matrix as an image after every validation.
 """
 
+import csv
 import os
 import random
 import signal
@@ -16,7 +19,7 @@ from pathlib import Path
 import lightning as L
 import numpy as np
 import torch
-from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.callbacks import BasePredictionWriter, Callback
 
 
 def _fsync(path: Path) -> None:
@@ -189,3 +192,57 @@ class ResumableRNGState(Callback):
             rank = trainer.global_rank
             set_rng_state_tensors({k: v[rank] for k, v in self._to_restore.items()}, pl_module.device)
             self._to_restore = None
+
+
+class PredictionsCSV(BasePredictionWriter):
+    """Writes what `predict` returns (class probabilities per input) to a CSV file, one row per input.
+
+    Columns: `index` in the predict dataset, `file` when the dataset has files (ImageFolder), `prediction` (the class
+    name), then `p_<class>` for every class. Args: path: the CSV file; the CLI sets it to
+    `<default_root_dir>/predictions.csv`.
+    """
+
+    def __init__(self, path: str) -> None:
+        super().__init__(write_interval="epoch")
+        self.path = Path(path)
+
+    def write_on_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, predictions, batch_indices) -> None:
+        dataset = trainer.predict_dataloaders.dataset
+        classes = getattr(trainer.datamodule, "classes", None) or [str(i) for i in range(predictions[0].shape[1])]
+        files = [path for path, _ in dataset.samples] if hasattr(dataset, "samples") else None
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(["index", *(["file"] * bool(files)), "prediction", *(f"p_{c}" for c in classes)])
+            for probs, indices in zip(predictions, batch_indices[0], strict=True):
+                for index, row in zip(indices, probs.float().tolist(), strict=True):
+                    file = [files[index]] if files else []
+                    best = classes[max(range(len(row)), key=row.__getitem__)]
+                    writer.writerow([index, *file, best, *(f"{p:.6f}" for p in row)])
+        print(f"predictions written to {self.path}")
+
+
+class ConfusionMatrixImage(Callback):
+    """Logs the validation confusion matrix to TensorBoard as a grayscale image, rows normalised (recall per class).
+
+    Row i, column j: the share of class-i images predicted as j; a perfect model draws a white diagonal.
+    """
+
+    def __init__(self, pixels_per_cell: int = 16) -> None:
+        self.pixels_per_cell = pixels_per_cell
+        self.matrix = None
+
+    def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        from torchmetrics.classification import MulticlassConfusionMatrix
+
+        self.matrix = MulticlassConfusionMatrix(pl_module.hparams.num_classes, normalize="true").to(pl_module.device)
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        self.matrix.update(outputs.argmax(dim=-1), batch[1])
+
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        matrix = self.matrix.compute().nan_to_num(0.0)  # syncs across ranks
+        image = matrix.repeat_interleave(self.pixels_per_cell, 0).repeat_interleave(self.pixels_per_cell, 1)
+        for logger in trainer.loggers:
+            if trainer.is_global_zero and not trainer.sanity_checking and hasattr(logger.experiment, "add_image"):
+                logger.experiment.add_image("val/confusion_matrix", image.unsqueeze(0).cpu(), trainer.global_step)

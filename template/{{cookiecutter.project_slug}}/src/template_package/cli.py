@@ -18,7 +18,7 @@ from lightning.fabric.plugins.precision.precision import _PRECISION_INPUT
 from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 
-from .callbacks import LastCheckpoint
+from .callbacks import LastCheckpoint, PredictionsCSV
 from .checks import check_architecture, check_checkpoint, check_run_dir_writable, explain_parse_error
 from .data import ImageDataModule
 from .model import ImageClassifier
@@ -76,11 +76,14 @@ class ProjectCLI(LightningCLI):
     """LightningCLI with the run-directory contract and the project's checkpoint callbacks."""
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        # Always present, configured under `checkpoint.*` and `last_checkpoint.*`, both in DIR/checkpoints.
+        # Always present, configured under `checkpoint.*` and `last_checkpoint.*` (both in DIR/checkpoints), and
+        # `predictions.*` (DIR/predictions.csv).
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
         parser.add_lightning_class_args(LastCheckpoint, "last_checkpoint")
+        parser.add_lightning_class_args(PredictionsCSV, "predictions")
         for key in ("checkpoint.dirpath", "last_checkpoint.dirpath"):
             parser.link_arguments("trainer.default_root_dir", key, compute_fn=checkpoint_dir)
+        parser.link_arguments("trainer.default_root_dir", "predictions.path", compute_fn=predictions_csv)
         parser.link_arguments("trainer.default_root_dir", "trainer.logger.init_args.save_dir")
         # The network's shape follows the data.
         parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
@@ -138,6 +141,10 @@ def continue_tensorboard_run(config) -> None:
 
 def checkpoint_dir(root_dir: str) -> str:
     return str(Path(root_dir) / "checkpoints")
+
+
+def predictions_csv(root_dir: str) -> str:
+    return str(Path(root_dir) / "predictions.csv")
 
 
 # What a user can get wrong: printed as one line without a traceback (TRACEBACK=1 shows it).
