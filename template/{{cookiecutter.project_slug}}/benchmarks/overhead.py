@@ -26,6 +26,8 @@ from template_package.cli import main as run_cli  # noqa: E402
 from template_package.data import ImageDataModule  # noqa: E402
 from template_package.model import ImageClassifier  # noqa: E402
 
+WAIT_SHARES: list[float] = []
+
 
 class StepTimer(L.Callback):
     """Wall time of the training loop itself, from the first batch to the end: no set-up, no teardown."""
@@ -52,6 +54,9 @@ def trainer_seconds_per_step(epochs: int, features: bool, root: str) -> float:
         args += [f"--trainer.callbacks=[{timer}]", "--trainer.logger=false"]
         args += ["--trainer.enable_progress_bar=false", "--trainer.enable_checkpointing=false"]
     cli = run_cli(args)
+    wait_share = cli.trainer.callback_metrics.get("perf/data_wait_share")  # from the Throughput callback
+    if wait_share is not None:
+        WAIT_SHARES.append(float(wait_share))
     return next(c for c in cli.trainer.callbacks if isinstance(c, StepTimer)).seconds_per_step
 
 
@@ -87,6 +92,8 @@ def main() -> None:
     print(f"trainer   median {statistics.median(trainer_times) * 1e3:.3f} ms/step")
     print(f"reference median {statistics.median(reference_times) * 1e3:.3f} ms/step")
     print(f"ratio spread {min(ratios):.3f}..{max(ratios):.3f} (features {args.features})")
+    if WAIT_SHARES:
+        print(f"data wait share (last logged window) median {statistics.median(WAIT_SHARES):.1%}")
     print(f"overhead ratio {statistics.median(trainer_times) / statistics.median(reference_times):.3f}")
 
 

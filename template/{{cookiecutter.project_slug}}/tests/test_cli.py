@@ -13,7 +13,9 @@ def test_fit_writes_the_run_directory_contract(run_dir: Path):
     assert (run_dir / "checkpoints" / "last.ckpt").is_file()
     assert "max_epochs: 2" in (run_dir / "config.yaml").read_text()
     logged = scalars(run_dir)
-    assert {"train/loss", "val/loss", "val/acc", "lr"} <= logged.keys()
+    assert {"train/loss", "val/loss", "val/acc", "lr", "perf/samples_per_sec", "perf/data_wait_share"} <= logged.keys()
+    assert all(0 < share < 1 for _, share in logged["perf/data_wait_share"])
+    assert all(rate > 0 for _, rate in logged["perf/samples_per_sec"])
     assert [step for step, _ in logged["val/acc"]] == [5, 11]  # one value per epoch, at the epoch's last step
     assert [step for step, _ in logged["train/loss"]] == [step for step, _ in logged["lr"]] == [9]  # every 10 steps
     ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)

@@ -18,10 +18,11 @@ from lightning.fabric.plugins.precision.precision import _PRECISION_INPUT
 from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 
-from .callbacks import LastCheckpoint, PredictionsCSV
+from .callbacks import PredictionsCSV
 from .checks import check_architecture, check_checkpoint, check_run_dir_writable, explain_parse_error
 from .data import ImageDataModule
 from .model import ImageClassifier
+from .resume import LastCheckpoint
 
 # The packaged defaults; found beside the source tree of an editable install (`pip install -e .`).
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "default.yaml"

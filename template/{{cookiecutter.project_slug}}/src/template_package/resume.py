@@ -1,0 +1,191 @@
+"""Exact, preemption-safe resume: what Lightning's own callbacks do not do.
+
+- `LastCheckpoint`: `last.ckpt` always holds the newest state. Lightning's `ModelCheckpoint(save_last=True)` with a
+  monitored top-k rewrites it only when a new top-k file is written, and does not write atomically. This one writes
+  every `every_n_steps` optimizer steps, at every epoch end, and on SIGTERM/SIGUSR1, through a temporary file in the
+  same directory, fsync and rename, so a kill at any instant leaves a loadable `last.ckpt`.
+- `ResumableRNGState`: Lightning does not save the python, numpy, torch and CUDA random states; without them a
+  resumed run draws different dropout masks and epoch shuffles than the run that never stopped.
+"""
+
+import os
+import random
+import signal
+from pathlib import Path
+
+import lightning as L
+import numpy as np
+import torch
+from lightning.pytorch.callbacks import Callback
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)  # a directory opens read-only too, and fsync then persists its entries
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_replace(tmp_path: Path, path: Path) -> None:
+    """Make `tmp_path` durable, rename it over `path` atomically, then make the rename itself durable."""
+    _fsync(tmp_path)
+    os.replace(tmp_path, path)
+    _fsync(path.parent)
+
+
+class LastCheckpoint(Callback):
+    """Keeps `dirpath/last.ckpt` equal to the newest training state, and saves it before a preempted run exits.
+
+    Args:
+        dirpath: folder of `last.ckpt`; the CLI sets it to `<default_root_dir>/checkpoints`.
+        every_n_steps: also write after every this many optimizer steps (0: only at epoch ends). A write comes right
+            after an optimizer step, never inside a gradient-accumulation window.
+
+    On SIGTERM or SIGUSR1 (what SLURM and Kubernetes send before they stop a job) training finishes the current
+    optimizer step, writes `last.ckpt` and exits with 128 + the signal number (143 for SIGTERM), so that a scheduler
+    sees a failure and requeues the job; `fit --ckpt_path last` then resumes it exactly.
+    """
+
+    FILENAME = "last.ckpt"
+    SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+    def __init__(self, dirpath: str, every_n_steps: int = 100) -> None:
+        if every_n_steps < 0:
+            raise ValueError(f"every_n_steps={every_n_steps} must be >= 0 (0 writes only at epoch ends)")
+        self.dirpath = Path(dirpath)
+        self.every_n_steps = every_n_steps
+        self._saved_at_step = -1
+        self._step_at_batch_start = -1
+        self._received_signal: int | None = None
+        self._exit_code: int | None = None
+        self._previous_handlers: dict[int, object] = {}
+
+    @property
+    def path(self) -> Path:
+        return self.dirpath / self.FILENAME
+
+    @property
+    def tmp_path(self) -> Path:
+        return self.dirpath / (self.FILENAME + ".tmp")
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if stage == "fit" and trainer.is_global_zero:
+            self.dirpath.mkdir(parents=True, exist_ok=True)
+            # A write killed half-way leaves only its temporary file behind; last.ckpt itself is intact.
+            self.tmp_path.unlink(missing_ok=True)
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # A resumed run has just loaded this step's state: writing it again would be a write mid-window.
+        self._saved_at_step = trainer.global_step
+        # Replaces Lightning's own SIGTERM handler, which stops at the next batch (even inside an accumulation
+        # window) and exits with code 0, so a scheduler would not requeue the job.
+        for signum in self.SIGNALS:
+            self._previous_handlers[signum] = signal.signal(signum, self._on_signal)
+
+    def _on_signal(self, signum: int, frame) -> None:
+        self._received_signal = signum
+
+    def _exit_if_saved_for_signal(self) -> None:
+        # Raised one hook after the save, so that Lightning has logged the last step's metrics first.
+        if self._exit_code is not None:
+            raise SystemExit(self._exit_code)
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int) -> None:
+        self._exit_if_saved_for_signal()
+        self._step_at_batch_start = trainer.global_step
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._exit_if_saved_for_signal()
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
+        step = trainer.global_step
+        if step == self._step_at_batch_start:
+            return  # inside an accumulation window: the optimizer has not stepped, the state is not a step's state
+        if self._stop_requested(trainer):
+            self.save(trainer)
+            self._exit_code = 128 + (self._received_signal or signal.SIGTERM)
+        elif self.every_n_steps and step % self.every_n_steps == 0 and step != self._saved_at_step:
+            self.save(trainer)
+
+    def _stop_requested(self, trainer: L.Trainer) -> bool:
+        """Whether any rank got a signal; every rank must agree, or the ranks would stop at different steps."""
+        if trainer.world_size == 1:
+            return self._received_signal is not None
+        return trainer.strategy.reduce_boolean_decision(self._received_signal is not None, all=False)
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._exit_if_saved_for_signal()
+        self.save(trainer)
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        for signum, handler in self._previous_handlers.items():
+            signal.signal(signum, handler)
+        self._previous_handlers.clear()
+
+    def save(self, trainer: L.Trainer) -> None:
+        """Write the trainer's full state to `last.ckpt` atomically (every rank must call it, rank 0 writes)."""
+        if trainer.fast_dev_run or trainer.sanity_checking:
+            return  # a smoke run must not replace a real run's checkpoint
+        trainer.save_checkpoint(self.tmp_path, weights_only=False)
+        if trainer.is_global_zero:
+            fsync_replace(self.tmp_path, self.path)
+        trainer.strategy.barrier("last_checkpoint")
+        self._saved_at_step = trainer.global_step
+
+
+def rng_state_tensors(device: torch.device) -> dict[str, torch.Tensor]:
+    """This process's python, numpy, torch and CUDA RNG states as int64 tensors (so `weights_only` loading works)."""
+    version, mt_state, gauss = random.getstate()
+    _, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()
+    states = {
+        "python": torch.tensor([version, *mt_state, gauss is not None], dtype=torch.int64),
+        "python_gauss": torch.tensor([gauss or 0.0], dtype=torch.float64),
+        "numpy": torch.tensor([*np_keys.tolist(), np_pos, np_has_gauss], dtype=torch.int64),
+        "numpy_gauss": torch.tensor([np_gauss], dtype=torch.float64),
+        "torch": torch.get_rng_state().to(torch.int64),
+    }
+    if device.type == "cuda":
+        states["cuda"] = torch.cuda.get_rng_state(device).to(torch.int64)
+    return states
+
+
+def set_rng_state_tensors(states: dict[str, torch.Tensor], device: torch.device) -> None:
+    python = states["python"].tolist()
+    gauss = states["python_gauss"].item() if python[-1] else None
+    random.setstate((python[0], tuple(python[1:-1]), gauss))
+    numpy = states["numpy"].tolist()
+    np.random.set_state(
+        ("MT19937", np.array(numpy[:-2], dtype=np.uint32), numpy[-2], numpy[-1], states["numpy_gauss"].item())
+    )
+    torch.set_rng_state(states["torch"].to(torch.uint8))
+    if "cuda" in states and device.type == "cuda":
+        torch.cuda.set_rng_state(states["cuda"].to(torch.uint8), device)
+
+
+class ResumableRNGState(Callback):
+    """Saves every rank's RNG states in each checkpoint and restores them when training resumes.
+
+    They are restored in `on_train_start`, after Lightning has seeded everything and rebuilt the data loaders, so
+    nothing draws from the restored generators before the first resumed batch.
+    """
+
+    def __init__(self) -> None:
+        self._to_restore: dict[str, torch.Tensor] | None = None
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+        states = rng_state_tensors(pl_module.device)
+        if trainer.world_size > 1:  # one row per rank; rank 0 writes them all
+            states = {k: trainer.strategy.all_gather(v.to(pl_module.device)).cpu() for k, v in states.items()}
+        else:
+            states = {k: v.unsqueeze(0) for k, v in states.items()}
+        checkpoint["rng_states"] = states
+
+    def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+        self._to_restore = checkpoint.get("rng_states")
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._to_restore is not None:
+            rank = trainer.global_rank
+            set_rng_state_tensors({k: v[rank] for k, v in self._to_restore.items()}, pl_module.device)
+            self._to_restore = None
