@@ -75,9 +75,15 @@ class Throughput(Callback):
     fetches the next batch; its share of the wall time between batch starts says whether the loader keeps up.
     """
 
-    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+    def __init__(self) -> None:
+        self._reset()
+
+    def _reset(self) -> None:
         self._last_start = self._last_end = None  # the gap across an epoch boundary or validation is not a fetch
         self._samples, self._seconds, self._waiting = 0, 0.0, 0.0
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._reset()  # (a run resumed mid-epoch starts without this hook: __init__ has reset it)
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int) -> None:
         now = time.perf_counter()
