@@ -129,16 +129,16 @@ def make_image_folder(root: Path, classes: list[str], bad_image: bool = False) -
         (root / "train" / classes[0] / "broken.png").write_bytes(b"not a png at all")
 
 
-def test_missing_data_dir_is_named(tmp_path):
-    message = error_line("fit", f"--data.data_dir={tmp_path / 'nowhere'}")
+def test_missing_data_dir_is_named(tmp_path, run_dir):
+    message = error_line("fit", f"--data.data_dir={tmp_path / 'nowhere'}", f"--trainer.default_root_dir={run_dir}")
     assert f"data_dir='{tmp_path / 'nowhere'}' has no train/ folder" in message
 
 
 @pytest.mark.parametrize("classes, found", [([], "no class folders"), (["cat"], "only the class folder 'cat'")])
-def test_data_dir_without_two_classes_is_refused(tmp_path, classes, found):
+def test_data_dir_without_two_classes_is_refused(tmp_path, run_dir, classes, found):
     make_image_folder(tmp_path / "data", classes)
     (tmp_path / "data" / "train").mkdir(parents=True, exist_ok=True)
-    message = error_line("fit", f"--data.data_dir={tmp_path / 'data'}")
+    message = error_line("fit", f"--data.data_dir={tmp_path / 'data'}", f"--trainer.default_root_dir={run_dir}")
     assert found in message and "2 classes or more" in message
 
 
