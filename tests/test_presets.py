@@ -49,6 +49,6 @@ def test_preset_project_passes_its_own_tests(baked, request):
     # The default preset runs the whole suite, kill-and-resume tests included; the others skip those slow ones,
     # whose code is the same in every preset.
     select = [] if request.node.callspec.id == "default" else ["-m", "not slow"]
-    result = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *select], cwd=project, timeout=1200)
+    result = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *select], cwd=project, timeout=2400)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     assert re.search(r"\d+ passed", result.stdout)
