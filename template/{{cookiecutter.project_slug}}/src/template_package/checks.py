@@ -55,10 +55,11 @@ def check_run_dir_writable(root: Path) -> None:
         ) from None
 
 
-def check_checkpoint(ckpt_path: str, weights_only: bool | None) -> None:
-    """Refuse a checkpoint that is missing, unreadable, or needs unpickling arbitrary objects, in one line."""
+def check_checkpoint(ckpt_path: str, weights_only: bool | None) -> dict | None:
+    """Refuse a checkpoint that is missing, unreadable, or needs unpickling arbitrary objects, in one line; return
+    it (memory-mapped, so reading it costs little) for further checks."""
     if ckpt_path in ("best", "hpc", "registry"):
-        return
+        return None
     path = Path(ckpt_path)
     if not path.is_file():
         raise SystemExit(f"error: --ckpt_path {ckpt_path} does not exist: give the path of a .ckpt file")
@@ -77,6 +78,7 @@ def check_checkpoint(ckpt_path: str, weights_only: bool | None) -> None:
         raise SystemExit(message) from None
     if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
         raise SystemExit(f"error: --ckpt_path {ckpt_path} is not a Lightning checkpoint (no state_dict in it)")
+    return checkpoint
 
 
 def check_architecture(ckpt_path: str, model: L.LightningModule) -> None:

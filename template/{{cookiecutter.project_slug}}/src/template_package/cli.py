@@ -102,9 +102,9 @@ class ProjectCLI(LightningCLI):
             check_run_dir_writable(Path(config.trainer.default_root_dir))
             resolve_resume(config)
         if config.ckpt_path:
-            check_checkpoint(config.ckpt_path, config.weights_only)
-            if subcommand == "fit":
-                continue_tensorboard_run(config)
+            checkpoint = check_checkpoint(config.ckpt_path, config.weights_only)
+            if subcommand == "fit" and checkpoint is not None:
+                continue_tensorboard_run(config, checkpoint["global_step"])
 
     def _check_architecture(self) -> None:
         """After the model is built: does the checkpoint fit it? One line instead of load_state_dict's page."""
@@ -131,13 +131,12 @@ def resolve_resume(config) -> None:
         )
 
 
-def continue_tensorboard_run(config) -> None:
+def continue_tensorboard_run(config, global_step: int) -> None:
     """TensorBoard drops what an interrupted run logged from the checkpoint's step on, so no step appears twice.
     (With one optimizer the logger's step is the optimizer step count.)"""
     logger = config.trainer.logger
     if getattr(logger, "class_path", "").endswith("TensorBoardLogger"):
-        checkpoint = torch.load(config.ckpt_path, map_location="cpu", weights_only=True, mmap=True)
-        logger.init_args.purge_step = checkpoint["global_step"]
+        logger.init_args.purge_step = global_step
 
 
 def checkpoint_dir(root_dir: str) -> str:
