@@ -5,7 +5,7 @@ measures what the Trainer costs on top of it. Written independently of model.py 
 """
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 import torch.nn.functional as F
@@ -33,9 +33,14 @@ def train(
     clip_norm: float | None = 1.0,
     precision: str = "32-true",
     device: str = "cpu",
+    memory_format: torch.memory_format = torch.contiguous_format,
+    on_step: Callable[[int], None] | None = None,
 ) -> list[float]:
-    """Train `net` in place and return the loss of the last batch of every optimizer step."""
-    net.to(device).train()
+    """Train `net` in place and return the loss of the last batch of every optimizer step.
+
+    `memory_format=torch.channels_last` lays out weights and images as NHWC; `on_step(step)` is called after each
+    optimizer step (benchmarks/overhead.py times steps with it)."""
+    net.to(device, memory_format=memory_format).train()
     decay = [p for p in net.parameters() if p.ndim >= 2]  # weight matrices and conv kernels
     no_decay = [p for p in net.parameters() if p.ndim < 2]  # biases and norm scales/shifts
     optimizer = torch.optim.AdamW(
@@ -52,7 +57,7 @@ def train(
         if hasattr(loader.sampler, "set_epoch"):
             loader.sampler.set_epoch(epoch)
         for i, (x, y) in enumerate(loader):
-            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            x, y = x.to(device, non_blocking=True, memory_format=memory_format), y.to(device, non_blocking=True)
             with torch.autocast(device, dtype=autocast_dtype or torch.float32, enabled=autocast_dtype is not None):
                 loss = F.cross_entropy(net(x), y)
             # Summed over the window, loss / accumulate gives the mean gradient of a full window, as in Lightning.
@@ -70,4 +75,6 @@ def train(
             optimizer.zero_grad(set_to_none=True)
             losses.append(loss.item())
             step += 1
+            if on_step is not None:
+                on_step(step)
     return losses

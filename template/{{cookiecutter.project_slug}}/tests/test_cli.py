@@ -150,3 +150,21 @@ def test_compiled_model_checkpoint_loads_into_an_uncompiled_model(run_dir: Path)
     plain = ImageClassifier()
     assert set(weights) == set(plain.state_dict())  # no "_orig_mod." prefixes
     plain.load_state_dict(weights)
+
+
+def test_channels_last_trains_like_the_default_layout_and_its_checkpoint_loads_without_it(tmp_path: Path):
+    """The memory layout changes how convolutions are computed, not what: same losses (to float rounding)."""
+    runs = {layout: tmp_path / layout for layout in ("default", "channels_last")}
+    for layout, run_dir in runs.items():
+        cli("fit", f"--trainer.default_root_dir={run_dir}", f"--model.channels_last={layout == 'channels_last'}",
+            "--trainer.log_every_n_steps=1", *QUICK)  # fmt: skip
+    losses = {layout: [value for _, value in scalars(run_dir)["train/loss"]] for layout, run_dir in runs.items()}
+    assert len(losses["default"]) == 12
+    torch.testing.assert_close(losses["channels_last"], losses["default"], rtol=1e-4, atol=1e-5)
+    checkpoint = runs["channels_last"] / "checkpoints" / "last.ckpt"
+    conv = torch.load(checkpoint, weights_only=True)["state_dict"]["net.features.3.weight"]
+    assert conv.is_contiguous(memory_format=torch.channels_last) and not conv.is_contiguous()
+    validate = cli("validate", f"--trainer.default_root_dir={runs['channels_last']}", f"--ckpt_path={checkpoint}",
+                   "--model.channels_last=false")  # fmt: skip
+    fit_val_acc = scalars(runs["channels_last"])["val/acc"][-1][1]
+    assert float(validate.trainer.callback_metrics["val/acc"]) == pytest.approx(fit_val_acc)  # the same weights

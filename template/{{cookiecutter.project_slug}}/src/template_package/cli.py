@@ -101,10 +101,9 @@ class ProjectCLI(LightningCLI):
         if subcommand == "fit":
             check_run_dir_writable(Path(config.trainer.default_root_dir))
             resolve_resume(config)
-        if config.ckpt_path:
-            checkpoint = check_checkpoint(config.ckpt_path, config.weights_only)
-            if subcommand == "fit" and checkpoint is not None:
-                continue_tensorboard_run(config, checkpoint["global_step"])
+        checkpoint = check_checkpoint(config.ckpt_path, config.weights_only) if config.ckpt_path else None
+        if subcommand == "fit":
+            purge_tensorboard_from(config, checkpoint["global_step"] if checkpoint else 0)
 
     def _check_architecture(self) -> None:
         """After the model is built: does the checkpoint fit it? One line instead of load_state_dict's page."""
@@ -131,9 +130,10 @@ def resolve_resume(config) -> None:
         )
 
 
-def continue_tensorboard_run(config, global_step: int) -> None:
-    """TensorBoard drops what an interrupted run logged from the checkpoint's step on, so no step appears twice.
-    (With one optimizer the logger's step is the optimizer step count.)"""
+def purge_tensorboard_from(config, global_step: int) -> None:
+    """TensorBoard hides what earlier processes logged in this run directory at `global_step` or later: what an
+    interrupted run logged after its checkpoint, or, on a fresh start (0), everything a run killed before its first
+    checkpoint logged. So no step appears twice. (With one optimizer the logger's step is the optimizer step.)"""
     logger = config.trainer.logger
     if getattr(logger, "class_path", "").endswith("TensorBoardLogger"):
         logger.init_args.purge_step = global_step
@@ -164,11 +164,12 @@ def main(args: list[str] | None = None) -> ProjectCLI:
         raise SystemExit(f"error: {message}") from None
 
 
-def build_cli(args: list[str] | None) -> ProjectCLI:
+def build_cli(args: list[str] | None, datamodule_class: type[L.LightningDataModule] = ImageDataModule) -> ProjectCLI:
+    """The CLI without main's error handling; `datamodule_class` swaps in another DataModule (a benchmark's)."""
     defaults = {"default_config_files": [str(DEFAULT_CONFIG)], "exit_on_error": False}
     return ProjectCLI(
         ImageClassifier,
-        ImageDataModule,
+        datamodule_class,
         trainer_class=Trainer,
         save_config_callback=RunConfigCallback,
         save_config_kwargs={"overwrite": True},  # a resumed run rewrites its own config

@@ -41,6 +41,9 @@ class ImageClassifier(L.LightningModule):
         label_smoothing: cross-entropy label smoothing.
         compile: compile the network with torch.compile (in place, so checkpoints keep the plain parameter names
             and load into an uncompiled model). Pays off on GPUs for larger models; the first steps are slow.
+        channels_last: keep conv weights and input images in channels-last (NHWC) memory layout, which the
+            tensor-core convolution kernels of mixed precision on CUDA read without transposing. Checkpoints load
+            either way; see benchmarks/overhead.py for its measured effect.
     """
 
     def __init__(
@@ -55,6 +58,7 @@ class ImageClassifier(L.LightningModule):
         min_lr_ratio: float = 0.01,
         label_smoothing: float = 0.0,
         compile: bool = False,
+        channels_last: bool = False,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -63,10 +67,14 @@ class ImageClassifier(L.LightningModule):
         self.test_acc = MulticlassAccuracy(num_classes, average="micro")
 
     def configure_model(self) -> None:
+        if self.hparams.channels_last:
+            self.net.to(memory_format=torch.channels_last)  # in place: the optimizer sees the same parameters
         if self.hparams.compile:
             self.net.compile()  # nn.Module.compile: unlike torch.compile(net), adds no "_orig_mod." to the keys
 
     def forward(self, images: Tensor) -> Tensor:
+        if self.hparams.channels_last:
+            images = images.contiguous(memory_format=torch.channels_last)
         return self.net(images)
 
     def _loss(self, logits: Tensor, targets: Tensor) -> Tensor:

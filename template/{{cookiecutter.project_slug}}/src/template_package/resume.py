@@ -3,7 +3,8 @@
 - `LastCheckpoint`: `last.ckpt` always holds the newest state. Lightning's `ModelCheckpoint(save_last=True)` with a
   monitored top-k rewrites it only when a new top-k file is written, and does not write atomically. This one writes
   every `every_n_steps` optimizer steps, at every epoch end, and on SIGTERM/SIGUSR1, through a temporary file in the
-  same directory, fsync and rename, so a kill at any instant leaves a loadable `last.ckpt`.
+  same directory, fsync and rename, so a kill at any instant leaves a loadable `last.ckpt`; and it flushes the
+  loggers before each rename, so every step before the checkpoint's is on disk in TensorBoard.
 - `ResumableRNGState`: Lightning does not save the python, numpy, torch and CUDA random states; without them a
   resumed run draws different dropout masks and epoch shuffles than the run that never stopped.
 """
@@ -56,6 +57,7 @@ class LastCheckpoint(Callback):
         self.dirpath = Path(dirpath)
         self.every_n_steps = every_n_steps
         self._saved_at_step = -1
+        self._unpublished = False  # a saved state waits in last.ckpt.tmp
         self._step_at_batch_start = -1
         self._received_signal: int | None = None
         self._exit_code: int | None = None
@@ -92,10 +94,12 @@ class LastCheckpoint(Callback):
             raise SystemExit(self._exit_code)
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int) -> None:
+        self._publish(trainer)
         self._exit_if_saved_for_signal()
         self._step_at_batch_start = trainer.global_step
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._publish(trainer)
         self._exit_if_saved_for_signal()
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
@@ -106,11 +110,13 @@ class LastCheckpoint(Callback):
             # A checkpoint taken after an epoch's last batch, before its validation and end, resumes inexactly
             # (measured in tests/test_resume.py); the epoch-end save below comes right after instead.
             return
+        # The state is taken now, but published at the next hook: Lightning logs this step's metrics only after
+        # this hook, and a checkpoint published before they reach disk would let a resumed run skip their step.
         if self._stop_requested(trainer):
-            self.save(trainer)
+            self.save(trainer, publish=False)
             self._exit_code = 128 + (self._received_signal or signal.SIGTERM)
         elif self.every_n_steps and step % self.every_n_steps == 0 and step != self._saved_at_step:
-            self.save(trainer)
+            self.save(trainer, publish=False)
 
     def _stop_requested(self, trainer: L.Trainer) -> bool:
         """Whether any rank got a signal; every rank must agree, or the ranks would stop at different steps."""
@@ -119,25 +125,43 @@ class LastCheckpoint(Callback):
         return trainer.strategy.reduce_boolean_decision(self._received_signal is not None, all=False)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._publish(trainer)
         self._exit_if_saved_for_signal()
         self.save(trainer)
         if self._stop_requested(trainer):  # a signal during the epoch's last batch or its validation
             raise SystemExit(128 + (self._received_signal or signal.SIGTERM))
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        self._publish(trainer)  # a state saved before the failing step is still a good one
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         for signum, handler in self._previous_handlers.items():
             signal.signal(signum, handler)
         self._previous_handlers.clear()
 
-    def save(self, trainer: L.Trainer) -> None:
-        """Write the trainer's full state to `last.ckpt` atomically (every rank must call it, rank 0 writes)."""
+    def save(self, trainer: L.Trainer, publish: bool = True) -> None:
+        """Write the trainer's full state to `last.ckpt` atomically (every rank must call it, rank 0 writes).
+
+        With `publish=False` the state waits, complete and fsynced, in `last.ckpt.tmp` until `_publish`."""
         if trainer.fast_dev_run or trainer.sanity_checking:
             return  # a smoke run must not replace a real run's checkpoint
         trainer.save_checkpoint(self.tmp_path, weights_only=False)
-        if trainer.is_global_zero:
-            fsync_replace(self.tmp_path, self.path)
         trainer.strategy.barrier("last_checkpoint")
         self._saved_at_step = trainer.global_step
+        self._unpublished = True
+        if publish:
+            self._publish(trainer)
+
+    def _publish(self, trainer: L.Trainer) -> None:
+        """Flush the loggers, then rename `last.ckpt.tmp` to `last.ckpt`: a resumed run drops the logged steps from
+        the checkpoint's on (see cli.purge_tensorboard_from), so all earlier ones must be on disk first."""
+        if not self._unpublished:
+            return
+        for logger in trainer.loggers:
+            logger.save()
+        if trainer.is_global_zero:
+            fsync_replace(self.tmp_path, self.path)
+        self._unpublished = False
 
 
 def rng_state_tensors(device: torch.device) -> dict[str, torch.Tensor]:
