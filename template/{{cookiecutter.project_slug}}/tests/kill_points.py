@@ -18,13 +18,20 @@ class FreezeAt(Callback):
     """Freeze at `hook` once the trainer's global step reaches `step` (and, if given, at batch `batch_idx`).
 
     hook: on_train_batch_end, on_train_epoch_start, on_train_epoch_end, on_validation_batch_end, or checkpoint_write
-    (freezes while `last.ckpt.tmp` is being written, i.e. inside a checkpoint write).
+    (freezes while `last.ckpt.tmp` is being written, i.e. inside a checkpoint write). flush_logs: flush the loggers
+    first, so what was logged so far is on disk when the process is killed.
     """
 
-    def __init__(self, marker: str, hook: str, step: int = 0, batch_idx: int | None = None) -> None:
+    def __init__(
+        self, marker: str, hook: str, step: int = 0, batch_idx: int | None = None, flush_logs: bool = False
+    ) -> None:
         self.marker, self.hook, self.step, self.batch_idx = Path(marker), hook, step, batch_idx
+        self.flush_logs = flush_logs
 
-    def _freeze(self) -> None:
+    def _freeze(self, trainer: L.Trainer) -> None:
+        if self.flush_logs:
+            for logger in trainer.loggers:
+                logger.save()
         self.marker.write_text(str(os.getpid()))
         os.kill(os.getpid(), signal.SIGSTOP)
 
@@ -32,7 +39,7 @@ class FreezeAt(Callback):
         if hook != self.hook or trainer.global_step < self.step or not trainer.is_global_zero:
             return
         if self.batch_idx is None or batch_idx == self.batch_idx:
-            self._freeze()
+            self._freeze(trainer)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         self._maybe_freeze(trainer, "on_train_batch_end", batch_idx)
@@ -58,6 +65,6 @@ class FreezeAt(Callback):
         def watch() -> None:
             while not tmp.exists():
                 time.sleep(0.0001)
-            self._freeze()
+            self._freeze(trainer)
 
         threading.Thread(target=watch, daemon=True).start()

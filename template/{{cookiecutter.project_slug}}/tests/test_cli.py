@@ -48,6 +48,26 @@ def test_resume_continues_the_same_run(run_dir: Path):
     assert not list(run_dir.glob("version_*"))
 
 
+def test_last_ckpt_appears_only_after_every_earlier_step_is_logged(run_dir: Path, monkeypatch):
+    """Whenever last.ckpt holds step S, steps 0..S-1 are already in TensorBoard: a resumed run logs from S on, so an
+    earlier step missing then would be missing for good. (Lightning logs a step after on_train_batch_end, where the
+    checkpoint is taken; the rename waits for the next hook.)"""
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    last, seen = run_dir / "checkpoints" / "last.ckpt", []
+    log_metrics = TensorBoardLogger.log_metrics
+
+    def spy(self, metrics, step=None):
+        seen.append((step, torch.load(last, weights_only=True)["global_step"] if last.exists() else 0))
+        return log_metrics(self, metrics, step)
+
+    monkeypatch.setattr(TensorBoardLogger, "log_metrics", spy)
+    cli("fit", f"--trainer.default_root_dir={run_dir}", "--last_checkpoint.every_n_steps=2",
+        "--trainer.log_every_n_steps=1", *QUICK)  # fmt: skip
+    assert len(seen) >= 12 and max(saved for _, saved in seen) >= 10
+    assert all(step >= saved for step, saved in seen), seen
+
+
 def test_ckpt_path_last_without_a_checkpoint_starts_fresh(run_dir: Path, capsys):
     cli("fit", f"--trainer.default_root_dir={run_dir}", "--ckpt_path=last", *QUICK)
     assert "starting a fresh run" in capsys.readouterr().out

@@ -56,16 +56,19 @@ def freeze_config(tmp_path: Path, **init_args) -> str:
     return str(path)
 
 
-def run_killed_and_resumed(tmp_path: Path, run_dir: Path, args: list[str], **freeze) -> None:
-    """Freeze the run at the kill point, SIGKILL it from outside, then resume it to the end."""
-    process = start_fit(run_dir, "-c", freeze_config(tmp_path, **freeze), *args)
-    marker = tmp_path / "frozen"
+def kill_when_frozen(process: subprocess.Popen, marker: Path) -> None:
     deadline = time.monotonic() + 300
     while not marker.exists():
         assert process.poll() is None, f"run ended before the kill point: {process.communicate()[1][-3000:]}"
         assert time.monotonic() < deadline
         time.sleep(0.05)
     kill_group(process)
+
+
+def run_killed_and_resumed(tmp_path: Path, run_dir: Path, args: list[str], **freeze) -> None:
+    """Freeze the run at the kill point, SIGKILL it from outside, then resume it to the end."""
+    process = start_fit(run_dir, "-c", freeze_config(tmp_path, **freeze), *args)
+    kill_when_frozen(process, tmp_path / "frozen")
     assert (run_dir / "checkpoints" / "last.ckpt").is_file(), "nothing to resume from"
     if freeze["hook"] == "checkpoint_write":  # killed with the new checkpoint half-written beside the old one
         assert (run_dir / "checkpoints" / "last.ckpt.tmp").is_file()
@@ -139,6 +142,18 @@ def test_kill_and_resume_is_bit_identical(tmp_path, tmp_path_factory, kill_point
     reference = reference_run(tmp_path_factory, [])
     run_dir = tmp_path / "run"
     run_killed_and_resumed(tmp_path, run_dir, [], **KILL_POINTS[kill_point])
+    assert_same_run(reference, run_dir)
+
+
+def test_kill_before_the_first_checkpoint_starts_over_without_repeating_logged_steps(tmp_path, tmp_path_factory):
+    """`--ckpt_path last` with no checkpoint yet starts fresh, and TensorBoard drops what the killed run logged."""
+    reference = reference_run(tmp_path_factory, [])
+    run_dir = tmp_path / "run"
+    freeze = freeze_config(tmp_path, hook="on_train_batch_end", step=3, flush_logs=True)
+    kill_when_frozen(start_fit(run_dir, "--ckpt_path=last", "-c", freeze), tmp_path / "frozen")
+    assert not (run_dir / "checkpoints" / "last.ckpt").exists()
+    assert [step for step, _ in scalars(run_dir)["train/loss"]] == [0, 1]  # logged before the kill
+    finish(start_fit(run_dir, "--ckpt_path=last"))
     assert_same_run(reference, run_dir)
 
 

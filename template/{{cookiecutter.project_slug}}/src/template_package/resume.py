@@ -3,8 +3,9 @@
 - `LastCheckpoint`: `last.ckpt` always holds the newest state. Lightning's `ModelCheckpoint(save_last=True)` with a
   monitored top-k rewrites it only when a new top-k file is written, and does not write atomically. This one writes
   every `every_n_steps` optimizer steps, at every epoch end, and on SIGTERM/SIGUSR1, through a temporary file in the
-  same directory, fsync and rename, so a kill at any instant leaves a loadable `last.ckpt`; and it flushes the
-  loggers before each rename, so every step before the checkpoint's is on disk in TensorBoard.
+  same directory, fsync and rename, so a kill at any instant leaves a loadable `last.ckpt`, and renames only once
+  every step before the checkpoint's is logged. The fsyncs and the rename run in a background thread: a checkpoint
+  costs training only its serialisation.
 - `ResumableRNGState`: Lightning does not save the python, numpy, torch and CUDA random states; without them a
   resumed run draws different dropout masks and epoch shuffles than the run that never stopped.
 """
@@ -12,6 +13,7 @@
 import os
 import random
 import signal
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import lightning as L
@@ -28,9 +30,8 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
-def fsync_replace(tmp_path: Path, path: Path) -> None:
-    """Make `tmp_path` durable, rename it over `path` atomically, then make the rename itself durable."""
-    _fsync(tmp_path)
+def replace_durably(tmp_path: Path, path: Path) -> None:
+    """Rename the (already fsynced) `tmp_path` over `path` atomically, then make the rename itself durable."""
     os.replace(tmp_path, path)
     _fsync(path.parent)
 
@@ -58,6 +59,8 @@ class LastCheckpoint(Callback):
         self.every_n_steps = every_n_steps
         self._saved_at_step = -1
         self._unpublished = False  # a saved state waits in last.ckpt.tmp
+        self._writer: ThreadPoolExecutor | None = None  # rank 0's fsyncs and renames, in order
+        self._writes: list[Future] = []
         self._step_at_batch_start = -1
         self._received_signal: int | None = None
         self._exit_code: int | None = None
@@ -76,6 +79,7 @@ class LastCheckpoint(Callback):
             self.dirpath.mkdir(parents=True, exist_ok=True)
             # A write killed half-way leaves only its temporary file behind; last.ckpt itself is intact.
             self.tmp_path.unlink(missing_ok=True)
+            self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="last-checkpoint")
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # A resumed run has just loaded this step's state: writing it again would be a write mid-window.
@@ -91,6 +95,7 @@ class LastCheckpoint(Callback):
     def _exit_if_saved_for_signal(self) -> None:
         # Raised one hook after the save, so that Lightning has logged the last step's metrics first.
         if self._exit_code is not None:
+            self._wait_for_writes()
             raise SystemExit(self._exit_code)
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int) -> None:
@@ -110,8 +115,8 @@ class LastCheckpoint(Callback):
             # A checkpoint taken after an epoch's last batch, before its validation and end, resumes inexactly
             # (measured in tests/test_resume.py); the epoch-end save below comes right after instead.
             return
-        # The state is taken now, but published at the next hook: Lightning logs this step's metrics only after
-        # this hook, and a checkpoint published before they reach disk would let a resumed run skip their step.
+        # The state is taken now but renamed into place at the next hook: Lightning logs (and flushes) this step's
+        # metrics only after this hook, and a resumed run never logs the steps before its checkpoint again.
         if self._stop_requested(trainer):
             self.save(trainer, publish=False)
             self._exit_code = 128 + (self._received_signal or signal.SIGTERM)
@@ -129,12 +134,18 @@ class LastCheckpoint(Callback):
         self._exit_if_saved_for_signal()
         self.save(trainer)
         if self._stop_requested(trainer):  # a signal during the epoch's last batch or its validation
+            self._wait_for_writes()
             raise SystemExit(128 + (self._received_signal or signal.SIGTERM))
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         self._publish(trainer)  # a state saved before the failing step is still a good one
+        self._wait_for_writes()
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self._wait_for_writes()
+        if self._writer is not None:
+            self._writer.shutdown()
+            self._writer = None
         for signum, handler in self._previous_handlers.items():
             signal.signal(signum, handler)
         self._previous_handlers.clear()
@@ -142,10 +153,12 @@ class LastCheckpoint(Callback):
     def save(self, trainer: L.Trainer, publish: bool = True) -> None:
         """Write the trainer's full state to `last.ckpt` atomically (every rank must call it, rank 0 writes).
 
-        With `publish=False` the state waits, complete and fsynced, in `last.ckpt.tmp` until `_publish`."""
+        With `publish=False` the state waits in `last.ckpt.tmp` (fsynced in the background) until `_publish`."""
         if trainer.fast_dev_run or trainer.sanity_checking:
             return  # a smoke run must not replace a real run's checkpoint
+        self._wait_for_writes()  # the previous rename must be done before its temporary file is rewritten
         trainer.save_checkpoint(self.tmp_path, weights_only=False)
+        self._in_background(_fsync, self.tmp_path)  # the bytes are written; making them durable can overlap training
         trainer.strategy.barrier("last_checkpoint")
         self._saved_at_step = trainer.global_step
         self._unpublished = True
@@ -153,15 +166,22 @@ class LastCheckpoint(Callback):
             self._publish(trainer)
 
     def _publish(self, trainer: L.Trainer) -> None:
-        """Flush the loggers, then rename `last.ckpt.tmp` to `last.ckpt`: a resumed run drops the logged steps from
-        the checkpoint's on (see cli.purge_tensorboard_from), so all earlier ones must be on disk first."""
+        """Rename `last.ckpt.tmp` to `last.ckpt`. Called once the steps before the checkpoint's are logged: a resumed
+        run drops what was logged from the checkpoint's step on (cli.purge_tensorboard_from) and logs it again."""
         if not self._unpublished:
             return
-        for logger in trainer.loggers:
-            logger.save()
-        if trainer.is_global_zero:
-            fsync_replace(self.tmp_path, self.path)
+        self._in_background(replace_durably, self.tmp_path, self.path)
         self._unpublished = False
+
+    def _in_background(self, function, *args) -> None:
+        if self._writer is not None:  # rank 0 only
+            self._writes.append(self._writer.submit(function, *args))
+
+    def _wait_for_writes(self) -> None:
+        """Block until the background fsyncs and renames are done; raise their errors (a full disk, say) here."""
+        writes, self._writes = self._writes, []
+        for write in writes:
+            write.result()
 
 
 def rng_state_tensors(device: torch.device) -> dict[str, torch.Tensor]:
