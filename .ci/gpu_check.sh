@@ -41,14 +41,14 @@ bench() {  # name, timeout, then overhead.py options
     local name=$1 limit=$2
     shift 2
     echo "== $name: $*" >>"$OUT/bench.log"
-    run_for "$limit" python3 benchmarks/overhead.py --gpu --epochs 3 "$@" 2>&1 | grep -v -E "━|Warning|warn\(" |
+    run_for "$limit" python3 benchmarks/overhead.py --gpu --epochs 2 "$@" 2>&1 | grep -v -E "━|Warning|warn\(" |
         tee -a "$OUT/bench.log" | grep -E "median|spread|wait share|overhead ratio|Error|Exception|skipped" |
         sed "s/^/$name: /" | tee -a "$summary"
 }
-bench bf16 90 --repeats 3 --precision bf16-mixed --num-workers 4
-bench fp16 90 --repeats 3 --precision 16-mixed --num-workers 4
-bench bf16-off 90 --repeats 3 --precision bf16-mixed --num-workers 4 --features off
-bench bf16-channels-last 90 --repeats 3 --precision bf16-mixed --num-workers 4 --channels-last
-bench bf16-fast 90 --repeats 3 --precision bf16-mixed --num-workers 4 --config configs/fast.yaml
+bench bf16 100 --repeats 2 --precision bf16-mixed --num-workers 4
+bench fp16 100 --repeats 2 --precision 16-mixed --num-workers 4
+bench bf16-off 100 --repeats 2 --precision bf16-mixed --num-workers 4 --features off
+bench bf16-channels-last 100 --repeats 2 --precision bf16-mixed --num-workers 4 --channels-last
+bench bf16-fast 100 --repeats 2 --precision bf16-mixed --num-workers 4 --config configs/fast.yaml
 bench bf16-compile 150 --repeats 1 --precision bf16-mixed --num-workers 4 --compile
 echo "total: $SECONDS s" | tee -a "$summary"

@@ -10,7 +10,8 @@ Validation is off in both, since the reference loop does not validate.
 
 --gpu: a torchvision ResNet-18 on CIFAR-sized random 3x32x32 images held in memory (no download), batch 256, on
 one CUDA GPU, also reporting samples/s and peak GPU memory. Add --precision 16-mixed, --channels-last, --compile
-to measure those switches (`model.channels_last`, `model.compile`).
+to measure those switches (`model.channels_last`, `model.compile`). --config FILE adds a preset to the Trainer
+run (e.g. configs/fast.yaml); global torch settings it makes, such as deterministic mode, hold for both.
 """
 
 import argparse
@@ -36,7 +37,8 @@ WAIT_SHARES: list[float] = []
 
 
 class RandomImages(ImageDataModule):
-    """CIFAR-sized stand-in for the GPU benchmark: 40 batches of random RGB images and labels, in memory."""
+    """CIFAR-10-sized stand-in for the GPU benchmark: 50,000 random RGB images and labels, in memory. (The epoch
+    length matters: the epoch-end checkpoint is a per-epoch cost.)"""
 
     @property
     def in_channels(self) -> int:
@@ -44,7 +46,7 @@ class RandomImages(ImageDataModule):
 
     def setup(self, stage: str) -> None:
         generator = torch.Generator().manual_seed(0)
-        n, side = 40 * self.hparams.batch_size, self.hparams.image_size
+        n, side = 50_000, self.hparams.image_size
         images = torch.rand(n, 3, side, side, generator=generator)
         dataset = TensorDataset(images, torch.randint(0, self.num_classes, (n,), generator=generator))
         self.datasets = dict.fromkeys(("train", "val", "test", "predict"), dataset)

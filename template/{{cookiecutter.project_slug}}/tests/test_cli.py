@@ -108,7 +108,7 @@ def test_mixed_precision_presets_train_on_cpu(run_dir: Path, preset: str):
 
 
 def test_early_stopping_preset_adds_to_the_default_callbacks(run_dir: Path):
-    from lightning.pytorch.callbacks import EarlyStopping, RichProgressBar
+    from lightning.pytorch.callbacks import EarlyStopping, TQDMProgressBar
 
     result = cli(
         "fit", "-c", str(PROJECT_ROOT / "configs" / "early_stopping.yaml"), f"--trainer.default_root_dir={run_dir}"
@@ -116,7 +116,7 @@ def test_early_stopping_preset_adds_to_the_default_callbacks(run_dir: Path):
     callbacks = result.trainer.callbacks
     stopper = next(c for c in callbacks if isinstance(c, EarlyStopping))
     assert stopper.monitor == "val/acc" and stopper.patience == 5
-    assert any(isinstance(c, RichProgressBar) for c in callbacks)  # added to the list, not replacing it
+    assert any(isinstance(c, TQDMProgressBar) for c in callbacks)  # added to the list, not replacing it
     assert result.trainer.current_epoch < 20  # digits saturate early: it stopped before max_epochs
 
 

@@ -2,6 +2,7 @@ import pytest
 import torch
 from PIL import Image
 from sklearn.datasets import load_digits
+from torch.utils.data import BatchSampler
 
 from template_package.data import EpochShuffleSampler, ImageDataModule, digits_splits
 
@@ -22,12 +23,29 @@ def test_loaders_shuffle_and_drop_last_only_for_training():
     dm = ImageDataModule(batch_size=100)
     dm.setup("fit")
     train, val = dm.train_dataloader(), dm.val_dataloader()
-    assert train.drop_last and not val.drop_last
     assert isinstance(train.sampler, EpochShuffleSampler)
     assert type(val.sampler).__name__.endswith("SequentialSampler")
-    assert len(train) == 1257 // 100 and len(val) == 3
+    assert [len(y) for _, y in train] == [100] * (1257 // 100)  # the last partial batch is dropped
+    assert [len(y) for _, y in val] == [100, 100, 70]
     assert not train.pin_memory or torch.cuda.is_available()
     assert dm.num_workers == 0  # digits sit in memory: workers would only add IPC
+
+
+def test_in_memory_batches_equal_per_sample_batching():
+    """The batch-at-a-time path for in-memory tensors yields exactly what per-sample loading and stacking would."""
+    dm = ImageDataModule(batch_size=64)
+    dm.setup("fit")
+    dataset, loader = dm.datasets["train"], dm.train_dataloader()
+    per_sample = BatchSampler(EpochShuffleSampler(len(dataset), torch.initial_seed()), 64, drop_last=True)
+    for epoch in (0, 3):
+        loader.sampler.set_epoch(epoch)
+        per_sample.sampler.set_epoch(epoch)
+        batches = list(loader)
+        assert len(batches) == len(loader) == len(per_sample) == 19
+        for (images, targets), indices in zip(batches, per_sample, strict=True):
+            samples = [dataset[i] for i in indices]
+            assert torch.equal(images, torch.stack([x for x, _ in samples]))
+            assert torch.equal(targets, torch.stack([y for _, y in samples]))
 
 
 def test_image_folder_tree_is_read_with_its_classes(tmp_path):

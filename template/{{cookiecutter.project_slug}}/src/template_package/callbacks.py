@@ -71,32 +71,67 @@ class ConfusionMatrixImage(Callback):
 class Throughput(Callback):
     """Logs `perf/samples_per_sec` and `perf/data_wait_share` on the steps the logger writes.
 
-    The wait for data is the time from the end of one training batch to the start of the next, where the loop
-    fetches the next batch; its share of the wall time between batch starts says whether the loader keeps up.
+    The data wait is the time the training loop spends fetching its next batch: Lightning brackets each fetch with
+    `trainer.profiler.start/stop("[_TrainingEpochLoop].train_dataloader_next")`, which this callback times through a
+    thin wrapper around the trainer's profiler (whatever profiler is configured keeps working). Its share of the wall
+    time between batch starts says whether the loader keeps up; above a few percent, add workers.
     """
+
+    FETCH = "train_dataloader_next"
 
     def __init__(self) -> None:
         self._reset()
 
     def _reset(self) -> None:
-        self._last_start = self._last_end = None  # the gap across an epoch boundary or validation is not a fetch
+        self._last_start = None  # the gap across an epoch boundary or validation is not a step
         self._samples, self._seconds, self._waiting = 0, 0.0, 0.0
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if stage == "fit" and not isinstance(trainer.profiler, _FetchTimer):
+            trainer.profiler = _FetchTimer(trainer.profiler, self.FETCH, self._on_fetch)
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if isinstance(trainer.profiler, _FetchTimer):
+            trainer.profiler = trainer.profiler.profiler
+
+    def _on_fetch(self, seconds: float) -> None:
+        self._waiting += seconds
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._reset()  # (a run resumed mid-epoch starts without this hook: __init__ has reset it)
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int) -> None:
         now = time.perf_counter()
-        if self._last_start is not None:
+        if self._last_start is None:
+            self._waiting = 0.0  # fetches before the first timed interval (the loop prefetches one batch)
+        else:
             self._seconds += now - self._last_start
-            self._waiting += now - self._last_end
             self._samples += self._batch_size
         self._last_start, self._batch_size = now, len(batch[0])
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
-        self._last_end = time.perf_counter()
         every = trainer.log_every_n_steps
         if self._seconds > 0 and every > 0 and trainer.global_step % every == 0:
             pl_module.log("perf/samples_per_sec", self._samples / self._seconds)
             pl_module.log("perf/data_wait_share", self._waiting / self._seconds)
             self._samples, self._seconds, self._waiting = 0, 0.0, 0.0
+
+
+class _FetchTimer:
+    """Stands in for `trainer.profiler`: forwards every call to it, and reports how long each `action` took."""
+
+    def __init__(self, profiler, action: str, report) -> None:
+        self.profiler, self._action, self._report, self._started = profiler, action, report, 0.0
+
+    def start(self, action_name: str) -> None:
+        if action_name.endswith(self._action):
+            self._started = time.perf_counter()
+        self.profiler.start(action_name)
+
+    def stop(self, action_name: str) -> None:
+        self.profiler.stop(action_name)
+        if action_name.endswith(self._action):
+            self._report(time.perf_counter() - self._started)
+
+    def __getattr__(self, name: str):
+        return getattr(self.profiler, name)

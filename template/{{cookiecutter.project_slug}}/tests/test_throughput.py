@@ -1,0 +1,51 @@
+"""The Throughput callback's data-wait share is the loader's fetch time, not the rest of the loop's bookkeeping."""
+
+import time
+
+import lightning as L
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from template_package.callbacks import Throughput
+from template_package.model import ImageClassifier
+
+
+class SlowImages(Dataset):
+    """Random 8x8 images; fetching a batch of 64 sleeps `delay` seconds in total."""
+
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+        self.images, self.targets = torch.rand(64 * 12, 1, 8, 8), torch.randint(0, 10, (64 * 12,))
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def __getitem__(self, index: int):
+        if index % 64 == 0:
+            time.sleep(self.delay)
+        return self.images[index], self.targets[index]
+
+
+class BatchStarts(L.Callback):
+    def __init__(self) -> None:
+        self.times: list[float] = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self.times.append(time.perf_counter())
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.1])
+def test_data_wait_share_is_the_fetch_time_over_the_step_interval(delay):
+    starts = BatchStarts()
+    trainer = L.Trainer(
+        max_steps=11, log_every_n_steps=11, callbacks=[Throughput(), starts], logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False,
+    )  # fmt: skip
+    trainer.fit(ImageClassifier(warmup=1), DataLoader(SlowImages(delay), batch_size=64))
+    share = float(trainer.callback_metrics["perf/data_wait_share"])
+    interval = torch.tensor(starts.times).diff().mean().item()  # one step and the fetch of the next batch
+    expected = delay / interval
+    assert share == pytest.approx(expected, abs=0.05)
+    assert share > 0.6 if delay else share < 0.05
+    assert float(trainer.callback_metrics["perf/samples_per_sec"]) == pytest.approx(64 / interval, rel=0.01)
