@@ -37,10 +37,7 @@ def test_mixed_precision_trains_on_cuda(tmp_path, precision):
 @pytest.mark.parametrize("precision", ["bf16-mixed", "16-mixed"])
 def test_mixed_precision_resume_is_bit_identical_on_cuda(tmp_path, tmp_path_factory, precision):
     """16-mixed also carries the GradScaler's scale and growth tracker through the checkpoint."""
-    from test_resume import assert_same_run, reference_run, run_killed_and_resumed
+    from test_resume import assert_kill_and_resume_exact
 
     args = ["--trainer.accelerator=gpu", "--trainer.devices=1", f"--trainer.precision={precision}"]
-    reference = reference_run(tmp_path_factory, args)
-    run_dir = tmp_path / "run"
-    run_killed_and_resumed(tmp_path, run_dir, args, hook="on_train_batch_end", step=8)
-    assert_same_run(reference, run_dir)
+    assert_kill_and_resume_exact(tmp_path, tmp_path_factory, args, hook="on_train_batch_end", step=8)

@@ -56,12 +56,16 @@ def freeze_config(tmp_path: Path, **init_args) -> str:
     return str(path)
 
 
-def kill_when_frozen(process: subprocess.Popen, marker: Path) -> None:
+def wait_until_frozen(process: subprocess.Popen, marker: Path) -> None:
     deadline = time.monotonic() + 300
     while not marker.exists():
         assert process.poll() is None, f"run ended before the kill point: {process.communicate()[1][-3000:]}"
         assert time.monotonic() < deadline
         time.sleep(0.05)
+
+
+def kill_when_frozen(process: subprocess.Popen, marker: Path) -> None:
+    wait_until_frozen(process, marker)
     kill_group(process)
 
 
@@ -105,6 +109,16 @@ def assert_same_run(reference_dir: Path, resumed_dir: Path) -> None:
     assert got_loss == ref_loss
 
 
+def assert_kill_and_resume_exact(tmp_path: Path, tmp_path_factory, args: list[str], **freeze) -> Path:
+    """Kill a run with `args` at the `freeze` point, resume it, and compare with the uninterrupted run; returns the
+    resumed run's directory."""
+    reference = reference_run(tmp_path_factory, args)
+    run_dir = tmp_path / "run"
+    run_killed_and_resumed(tmp_path, run_dir, args, **freeze)
+    assert_same_run(reference, run_dir)
+    return run_dir
+
+
 REFERENCES: dict[tuple[str, ...], Path] = {}
 
 
@@ -131,18 +145,12 @@ KILL_POINTS = {
 def test_kill_during_validation_after_a_step_checkpoint_on_the_last_batch(tmp_path, tmp_path_factory):
     """every_n_steps=19 falls on the last batch of each 19-batch epoch: that state must not be the one resumed."""
     args = ["--last_checkpoint.every_n_steps=19"]
-    reference = reference_run(tmp_path_factory, args)
-    run_dir = tmp_path / "run"
-    run_killed_and_resumed(tmp_path, run_dir, args, hook="on_validation_batch_end", step=38, batch_idx=2)
-    assert_same_run(reference, run_dir)
+    assert_kill_and_resume_exact(tmp_path, tmp_path_factory, args, hook="on_validation_batch_end", step=38, batch_idx=2)
 
 
 @pytest.mark.parametrize("kill_point", KILL_POINTS)
 def test_kill_and_resume_is_bit_identical(tmp_path, tmp_path_factory, kill_point):
-    reference = reference_run(tmp_path_factory, [])
-    run_dir = tmp_path / "run"
-    run_killed_and_resumed(tmp_path, run_dir, [], **KILL_POINTS[kill_point])
-    assert_same_run(reference, run_dir)
+    assert_kill_and_resume_exact(tmp_path, tmp_path_factory, [], **KILL_POINTS[kill_point])
 
 
 def test_kill_before_the_first_checkpoint_starts_over_without_repeating_logged_steps(tmp_path, tmp_path_factory):
@@ -158,13 +166,10 @@ def test_kill_before_the_first_checkpoint_starts_over_without_repeating_logged_s
 
 
 def test_kill_inside_an_accumulation_window(tmp_path, tmp_path_factory):
-    args = ["--trainer.accumulate_grad_batches=3"]
-    reference = reference_run(tmp_path_factory, args)
-    run_dir = tmp_path / "run"
     # Batch 16 is inside the window of batches 15..17 of epoch 0; the last checkpoint is at optimizer step 5,
     # written after batch 14.
-    run_killed_and_resumed(tmp_path, run_dir, args, hook="on_train_batch_end", step=5, batch_idx=16)
-    assert_same_run(reference, run_dir)
+    args = ["--trainer.accumulate_grad_batches=3"]
+    assert_kill_and_resume_exact(tmp_path, tmp_path_factory, args, hook="on_train_batch_end", step=5, batch_idx=16)
 
 
 @pytest.mark.parametrize(
@@ -173,10 +178,7 @@ def test_kill_inside_an_accumulation_window(tmp_path, tmp_path_factory):
     ids=["workers2", "bf16"],
 )
 def test_variants_resume_bit_identical_mid_epoch(tmp_path, tmp_path_factory, variant):
-    reference = reference_run(tmp_path_factory, variant)
-    run_dir = tmp_path / "run"
-    run_killed_and_resumed(tmp_path, run_dir, variant, hook="on_train_batch_end", step=8)
-    assert_same_run(reference, run_dir)
+    assert_kill_and_resume_exact(tmp_path, tmp_path_factory, variant, hook="on_train_batch_end", step=8)
 
 
 @pytest.mark.parametrize(
@@ -190,9 +192,7 @@ def test_preemption_signal_saves_at_the_next_optimizer_step_and_exits_non_zero(
     run_dir = tmp_path / "run"
     # Frozen after batch 16, inside the window 15..17: the signal lands mid-window.
     process = start_fit(run_dir, "-c", freeze_config(tmp_path, hook="on_train_batch_end", step=5, batch_idx=16), *args)
-    while not (tmp_path / "frozen").exists():
-        assert process.poll() is None, process.communicate()[1][-3000:]
-        time.sleep(0.05)
+    wait_until_frozen(process, tmp_path / "frozen")
     os.killpg(process.pid, signum)
     os.killpg(process.pid, signal.SIGCONT)
     process.communicate(timeout=120)
@@ -205,12 +205,9 @@ def test_preemption_signal_saves_at_the_next_optimizer_step_and_exits_non_zero(
 
 def test_ddp_two_processes_resume_bit_identical(tmp_path, tmp_path_factory):
     args = ["--trainer.strategy=ddp", "--trainer.accelerator=cpu", "--trainer.devices=2"]
-    reference = reference_run(tmp_path_factory, args)
-    run_dir = tmp_path / "run"
-    run_killed_and_resumed(tmp_path, run_dir, args, hook="on_train_batch_end", step=6)
+    run_dir = assert_kill_and_resume_exact(tmp_path, tmp_path_factory, args, hook="on_train_batch_end", step=6)
     checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
     assert checkpoint["rng_states"]["torch"].shape[0] == 2  # one RNG state per rank
-    assert_same_run(reference, run_dir)
 
 
 # It found three bugs, each now a deterministic test: a checkpoint written on an epoch's last batch resumed
