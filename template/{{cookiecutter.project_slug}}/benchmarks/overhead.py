@@ -90,10 +90,9 @@ def trainer_seconds_per_step(options: argparse.Namespace, root: str) -> float:
 
 
 def model_and_data_args(options: argparse.Namespace) -> dict[str, object]:
-    args: dict[str, object] = {"trainer.precision": options.precision}
+    args: dict[str, object] = {"trainer.precision": options.precision, "data.batch_size": options.batch_size}
     if options.gpu:
-        args |= {"trainer.accelerator": "gpu", "trainer.devices": 1, "model.arch": "resnet18"}
-        args |= {"data.batch_size": 256, "data.image_size": 32}
+        args |= {"trainer.accelerator": "gpu", "trainer.devices": 1, "model.arch": options.arch, "data.image_size": 32}
     if options.num_workers is not None:
         args["data.num_workers"] = options.num_workers
     return args | {"model.channels_last": options.channels_last, "model.compile": options.compile}
@@ -102,7 +101,7 @@ def model_and_data_args(options: argparse.Namespace) -> dict[str, object]:
 def reference_seconds_per_step(options: argparse.Namespace) -> float:
     L.seed_everything(42)
     data = (RandomImages if options.gpu else ImageDataModule)(
-        batch_size=256 if options.gpu else 64, image_size=32, num_workers=options.num_workers
+        batch_size=options.batch_size, image_size=32, num_workers=options.num_workers
     )
     net = copy.deepcopy(ImageClassifier(options.arch, data.num_classes, data.in_channels).net)
     if options.compile:
@@ -146,7 +145,7 @@ def main() -> None:
     parser.add_argument("--num-workers", type=int, default=None, help="data.num_workers (default: the project's)")
     parser.add_argument("--config", action="append", default=[], help="a Trainer preset, e.g. configs/fast.yaml")
     options = parser.parse_args()
-    options.arch = "resnet18" if options.gpu else "small_cnn"
+    options.arch, options.batch_size = ("resnet18", 256) if options.gpu else ("small_cnn", 64)
     sys.argv = sys.argv[:1]  # LightningCLI gets its arguments from the list built here, not from this command line
     torch.set_num_threads(torch.get_num_threads())  # the same thread pool for both
     times: dict[str, list[float]] = {"trainer": [], "reference": []}
@@ -162,10 +161,9 @@ def main() -> None:
                     times[side].append(seconds)
                     memory[side].append(mib)
                 print(f"repeat {repeat}: trainer {t * 1e3:.3f} ms/step, reference {r * 1e3:.3f} ms/step", flush=True)
-    batch_size = 256 if options.gpu else 64
     for side in ("trainer", "reference"):
         median = statistics.median(times[side])
-        line = f"{side:9} median {median * 1e3:.3f} ms/step, {batch_size / median:,.0f} samples/s"
+        line = f"{side:9} median {median * 1e3:.3f} ms/step, {options.batch_size / median:,.0f} samples/s"
         print(line + (f", peak GPU memory {max(memory[side]):,.0f} MiB" if options.gpu else ""))
     ratios = [t / r for t, r in zip(times["trainer"], times["reference"], strict=True)]
     switches = [f"features {options.features}", f"precision {options.precision}"]

@@ -92,20 +92,20 @@ class LastCheckpoint(Callback):
     def _on_signal(self, signum: int, frame) -> None:
         self._received_signal = signum
 
-    def _exit_if_saved_for_signal(self) -> None:
-        # Raised one hook after the save, so that Lightning has logged the last step's metrics first.
+    def _publish_then_exit_if_signalled(self, trainer: L.Trainer) -> None:
+        """The hook after a save: the step's metrics are logged now, so the checkpoint can go live, and a run
+        saved for a signal exits."""
+        self._publish(trainer)
         if self._exit_code is not None:
             self._wait_for_writes()
             raise SystemExit(self._exit_code)
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int) -> None:
-        self._publish(trainer)
-        self._exit_if_saved_for_signal()
+        self._publish_then_exit_if_signalled(trainer)
         self._step_at_batch_start = trainer.global_step
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._publish(trainer)
-        self._exit_if_saved_for_signal()
+        self._publish_then_exit_if_signalled(trainer)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
         step = trainer.global_step
@@ -130,12 +130,11 @@ class LastCheckpoint(Callback):
         return trainer.strategy.reduce_boolean_decision(self._received_signal is not None, all=False)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._publish(trainer)
-        self._exit_if_saved_for_signal()
+        self._publish_then_exit_if_signalled(trainer)
         self.save(trainer)
         if self._stop_requested(trainer):  # a signal during the epoch's last batch or its validation
-            self._wait_for_writes()
-            raise SystemExit(128 + (self._received_signal or signal.SIGTERM))
+            self._exit_code = 128 + (self._received_signal or signal.SIGTERM)
+            self._publish_then_exit_if_signalled(trainer)
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         self._publish(trainer)  # a state saved before the failing step is still a good one
