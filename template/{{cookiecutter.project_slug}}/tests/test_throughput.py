@@ -5,14 +5,15 @@ import time
 import lightning as L
 import pytest
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import BatchSampler, DataLoader, Dataset, SequentialSampler
 
 from template_package.callbacks import Throughput
 from template_package.model import ImageClassifier
 
 
 class SlowImages(Dataset):
-    """Random 8x8 images; fetching a batch of 64 sleeps `delay` seconds in total."""
+    """Random 8x8 images fetched a batch at a time (the loader passes a list of indices); each batch sleeps `delay`
+    seconds, and costs next to nothing otherwise, so `delay` is the whole fetch time."""
 
     def __init__(self, delay: float) -> None:
         self.delay = delay
@@ -21,10 +22,9 @@ class SlowImages(Dataset):
     def __len__(self) -> int:
         return len(self.targets)
 
-    def __getitem__(self, index: int):
-        if index % 64 == 0:
-            time.sleep(self.delay)
-        return self.images[index], self.targets[index]
+    def __getitem__(self, indices: list[int]):
+        time.sleep(self.delay)
+        return self.images[indices], self.targets[indices]
 
 
 class BatchStarts(L.Callback):
@@ -42,7 +42,9 @@ def test_data_wait_share_is_the_fetch_time_over_the_step_interval(delay):
         max_steps=11, log_every_n_steps=11, callbacks=[Throughput(), starts], logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False,
     )  # fmt: skip
-    trainer.fit(ImageClassifier(warmup=1), DataLoader(SlowImages(delay), batch_size=64))
+    dataset = SlowImages(delay)
+    batches = BatchSampler(SequentialSampler(dataset), 64, drop_last=True)
+    trainer.fit(ImageClassifier(warmup=1), DataLoader(dataset, sampler=batches, batch_size=None))
     share = float(trainer.callback_metrics["perf/data_wait_share"])
     interval = torch.tensor(starts.times).diff().mean().item()  # one step and the fetch of the next batch
     expected = delay / interval
