@@ -19,7 +19,7 @@ def test_fit_writes_the_run_directory_contract(run_dir: Path):
     assert [step for step, _ in logged["val/acc"]] == [5, 11]  # one value per epoch, at the epoch's last step
     assert [step for step, _ in logged["train/loss"]] == [step for step, _ in logged["lr"]] == [9]  # every 10 steps
     ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
-    assert ckpt["global_step"] == 12 and ckpt["epoch"] == 1
+    assert ckpt["global_step"] == 12 and ckpt["epoch"] == 2  # written when training ended, after 2 whole epochs
     assert_confusion_image_matches_the_model(run_dir, ckpt)
     assert len(list((run_dir / "checkpoints").glob("epoch=*-val_acc=*.ckpt"))) == 2  # top-k by val/acc
 
@@ -66,6 +66,41 @@ def test_last_ckpt_appears_only_after_every_earlier_step_is_logged(run_dir: Path
         "--trainer.log_every_n_steps=1", *QUICK)  # fmt: skip
     assert len(seen) >= 12 and max(saved for _, saved in seen) >= 10
     assert all(step >= saved for step, saved in seen), seen
+
+
+@pytest.mark.parametrize(
+    "every_n_steps, extra, writes",
+    [(5, [], [5, 10, 12]), (6, [], [6, 12]), (0, [], [6, 12]), (4, ["--trainer.max_steps=9"], [4, 8, 9])],
+    ids=["every5", "due-on-last-batches", "epoch-ends", "max_steps"],
+)
+def test_last_ckpt_is_written_when_due_and_when_training_ends(run_dir: Path, monkeypatch, every_n_steps, extra, writes):
+    """QUICK has 6-batch epochs: a write due on an epoch's last batch (steps 6, 12) is made at the epoch end; the final
+    state is written however training ends, and not twice."""
+    from template_package.resume import LastCheckpoint
+
+    written, save = [], LastCheckpoint.save
+
+    def recording_save(self, trainer, **kwargs):
+        written.append(trainer.global_step)
+        save(self, trainer, **kwargs)
+
+    monkeypatch.setattr(LastCheckpoint, "save", recording_save)
+    every = f"--last_checkpoint.every_n_steps={every_n_steps}"
+    cli("fit", f"--trainer.default_root_dir={run_dir}", every, *QUICK, *extra)
+    assert written == writes
+    assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == writes[-1]
+
+
+def test_checkpoint_snapshot_is_a_copy_that_training_cannot_change():
+    """last.ckpt is written in the background from this snapshot while training goes on changing the weights."""
+    from template_package.resume import snapshot
+
+    weights, progress = torch.ones(3), [1]
+    state, copied = snapshot({"state_dict": {"w": weights}, "loops": {"done": progress}})
+    weights.add_(1)
+    progress.append(2)
+    assert copied is None  # nothing to wait for without CUDA tensors
+    assert torch.equal(state["state_dict"]["w"], torch.ones(3)) and state["loops"]["done"] == [1]
 
 
 def test_ckpt_path_last_without_a_checkpoint_starts_fresh(run_dir: Path, capsys):
@@ -118,6 +153,8 @@ def test_early_stopping_preset_adds_to_the_default_callbacks(run_dir: Path):
     assert stopper.monitor == "val/acc" and stopper.patience == 5
     assert any(isinstance(c, TQDMProgressBar) for c in callbacks)  # added to the list, not replacing it
     assert result.trainer.current_epoch < 20  # digits saturate early: it stopped before max_epochs
+    last = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
+    assert last["global_step"] == result.trainer.global_step  # the final state, written when training ended
 
 
 def assert_confusion_image_matches_the_model(run_dir: Path, checkpoint: dict) -> None:

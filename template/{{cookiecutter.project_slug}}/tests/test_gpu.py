@@ -33,6 +33,18 @@ def test_mixed_precision_trains_on_cuda(tmp_path, precision):
 
 
 @needs_cuda
+def test_checkpoint_snapshot_copies_cuda_tensors_to_pinned_host_memory():
+    from template_package.resume import snapshot
+
+    weights = torch.ones(1 << 20, device="cuda")
+    state, copied = snapshot({"w": weights})
+    weights.add_(1)  # queued after the copy on the same stream
+    copied.synchronize()
+    assert state["w"].device.type == "cpu" and state["w"].is_pinned()
+    assert torch.equal(state["w"], torch.ones(1 << 20))
+
+
+@needs_cuda
 @pytest.mark.slow
 @pytest.mark.parametrize("precision", ["bf16-mixed", "16-mixed"])
 def test_mixed_precision_resume_is_bit_identical_on_cuda(tmp_path, tmp_path_factory, precision):

@@ -136,16 +136,21 @@ KILL_POINTS = {
     "mid_epoch": {"hook": "on_train_batch_end", "step": 8},
     "mid_second_epoch": {"hook": "on_train_batch_end", "step": 27},
     "epoch_end_before_checkpoint": {"hook": "on_train_epoch_end", "step": 1},
-    "epoch_boundary_after_checkpoint": {"hook": "on_train_epoch_start", "step": 19},
     "during_validation": {"hook": "on_validation_batch_end", "step": 19, "batch_idx": 2},
     "during_checkpoint_write": {"hook": "checkpoint_write", "step": 12},
 }
 
 
-def test_kill_during_validation_after_a_step_checkpoint_on_the_last_batch(tmp_path, tmp_path_factory):
-    """every_n_steps=19 falls on the last batch of each 19-batch epoch: that state must not be the one resumed."""
+@pytest.mark.parametrize(
+    "freeze",
+    [{"hook": "on_validation_batch_end", "step": 38, "batch_idx": 2}, {"hook": "on_train_epoch_start", "step": 38}],
+    ids=["during_validation", "at_the_next_epoch_start"],
+)
+def test_kill_around_a_write_due_on_the_last_batch(tmp_path, tmp_path_factory, freeze):
+    """every_n_steps=19 falls on the last batch of each 19-batch epoch: that state must not be the one resumed; the
+    write is made at the epoch end instead, and the next epoch resumes from it."""
     args = ["--last_checkpoint.every_n_steps=19"]
-    assert_kill_and_resume_exact(tmp_path, tmp_path_factory, args, hook="on_validation_batch_end", step=38, batch_idx=2)
+    assert_kill_and_resume_exact(tmp_path, tmp_path_factory, args, **freeze)
 
 
 @pytest.mark.parametrize("kill_point", KILL_POINTS)

@@ -1,11 +1,11 @@
 """Exact, preemption-safe resume: what Lightning's own callbacks do not do.
 
-- `LastCheckpoint`: `last.ckpt` always holds the newest state. Lightning's `ModelCheckpoint(save_last=True)` with a
-  monitored top-k rewrites it only when a new top-k file is written, and does not write atomically. This one writes
-  every `every_n_steps` optimizer steps, at every epoch end, and on SIGTERM/SIGUSR1, through a temporary file in the
-  same directory, fsync and rename, so a kill at any instant leaves a loadable `last.ckpt`, and renames only once
-  every step before the checkpoint's is logged. The fsyncs and the rename run in a background thread: a checkpoint
-  costs training only its serialisation.
+- `LastCheckpoint`: `last.ckpt` holds a state at most `every_n_steps` optimizer steps old, the final state once
+  training ends, and the state at a SIGTERM/SIGUSR1. Lightning's `ModelCheckpoint(save_last=True)` with a monitored
+  top-k rewrites it only when a new top-k file is written, and does not write atomically. This one writes through a
+  temporary file in the same directory, fsync and rename, so a kill at any instant leaves a loadable `last.ckpt`,
+  and renames only once every step before the checkpoint's is logged. Training pays only for a copy of the state:
+  serialisation, fsyncs and the rename run in a background thread.
 - `ResumableRNGState`: Lightning does not save the python, numpy, torch and CUDA random states; without them a
   resumed run draws different dropout masks and epoch shuffles than the run that never stopped.
 """
@@ -20,6 +20,8 @@ import lightning as L
 import numpy as np
 import torch
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.strategies import Strategy
+from lightning_utilities.core.apply_func import apply_to_collection
 
 
 def _fsync(path: Path) -> None:
@@ -30,6 +32,33 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
+def snapshot(checkpoint: dict) -> tuple[dict, torch.cuda.Event | None]:
+    """A copy of `checkpoint` that training cannot change: CPU tensors cloned, CUDA tensors copied to pinned host
+    memory without waiting for the GPU; the event (None without CUDA tensors) marks when those copies are done."""
+    on_cuda = False
+
+    def copy(tensor: torch.Tensor) -> torch.Tensor:
+        nonlocal on_cuda
+        if tensor.is_cuda:
+            on_cuda = True
+            return tensor.detach().to("cpu", non_blocking=True)  # a non-blocking device-to-host copy pins its target
+        return tensor.detach().clone()
+
+    state = apply_to_collection(checkpoint, torch.Tensor, copy)  # containers are rebuilt, so they are copies too
+    if not on_cuda:
+        return state, None
+    event = torch.cuda.Event()
+    event.record()
+    return state, event
+
+
+def write_durably(checkpoint_io, state: dict, copied: torch.cuda.Event | None, path: Path) -> None:
+    if copied is not None:
+        copied.synchronize()
+    checkpoint_io.save_checkpoint(state, path)
+    _fsync(path)
+
+
 def replace_durably(tmp_path: Path, path: Path) -> None:
     """Rename the (already fsynced) `tmp_path` over `path` atomically, then make the rename itself durable."""
     os.replace(tmp_path, path)
@@ -37,12 +66,17 @@ def replace_durably(tmp_path: Path, path: Path) -> None:
 
 
 class LastCheckpoint(Callback):
-    """Keeps `dirpath/last.ckpt` equal to the newest training state, and saves it before a preempted run exits.
+    """Keeps `dirpath/last.ckpt` at most `every_n_steps` optimizer steps behind training, writes the final state when
+    training ends (whatever ended it), and saves the state before a preempted run exits.
 
     Args:
         dirpath: folder of `last.ckpt`; the CLI sets it to `<default_root_dir>/checkpoints`.
-        every_n_steps: also write after every this many optimizer steps (0: only at epoch ends). A write comes right
-            after an optimizer step, never inside a gradient-accumulation window.
+        every_n_steps: write whenever the optimizer step count reaches a multiple of this (0: at every epoch end
+            instead). A write comes right after an optimizer step, never inside a gradient-accumulation window; one
+            due on an epoch's last batch is made at the epoch end, after validation. The default, 1000, bounds
+            the loss on a crash, not on preemption (SIGTERM saves the current step). With a write every 100 steps
+            (every 1.5 s), a ResNet-18 run (141 MB state) on an H200 was 21-27% slower than with checkpointing and
+            logging off; a write at every epoch end would cost more than the training on digits (19-step epochs).
 
     On SIGTERM or SIGUSR1 (what SLURM and Kubernetes send before they stop a job) training finishes the current
     optimizer step, writes `last.ckpt` and exits with 128 + the signal number (143 for SIGTERM), so that a scheduler
@@ -52,14 +86,14 @@ class LastCheckpoint(Callback):
     FILENAME = "last.ckpt"
     SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
-    def __init__(self, dirpath: str, every_n_steps: int = 100) -> None:
+    def __init__(self, dirpath: str, every_n_steps: int = 1000) -> None:
         if every_n_steps < 0:
-            raise ValueError(f"every_n_steps={every_n_steps} must be >= 0 (0 writes only at epoch ends)")
+            raise ValueError(f"every_n_steps={every_n_steps} must be >= 0 (0 writes at every epoch end)")
         self.dirpath = Path(dirpath)
         self.every_n_steps = every_n_steps
         self._saved_at_step = -1
         self._unpublished = False  # a saved state waits in last.ckpt.tmp
-        self._writer: ThreadPoolExecutor | None = None  # rank 0's fsyncs and renames, in order
+        self._writer: ThreadPoolExecutor | None = None  # rank 0's writes and renames, in order
         self._writes: list[Future] = []
         self._step_at_batch_start = -1
         self._received_signal: int | None = None
@@ -113,15 +147,21 @@ class LastCheckpoint(Callback):
             return  # inside an accumulation window: the optimizer has not stepped, the state is not a step's state
         if trainer.is_last_batch:
             # A checkpoint taken after an epoch's last batch, before its validation and end, resumes inexactly
-            # (measured in tests/test_resume.py); the epoch-end save below comes right after instead.
+            # (measured in tests/test_resume.py); a write due now is made at the epoch end instead.
             return
         # The state is taken now but renamed into place at the next hook: Lightning logs (and flushes) this step's
         # metrics only after this hook, and a resumed run never logs the steps before its checkpoint again.
         if self._stop_requested(trainer):
             self.save(trainer, publish=False)
             self._exit_code = 128 + (self._received_signal or signal.SIGTERM)
-        elif self.every_n_steps and step % self.every_n_steps == 0 and step != self._saved_at_step:
+        elif self._is_due(step, epoch_end=False):
             self.save(trainer, publish=False)
+
+    def _is_due(self, step: int, epoch_end: bool) -> bool:
+        """Whether the step count has reached a multiple of `every_n_steps` since the last write."""
+        if self.every_n_steps == 0:
+            return epoch_end
+        return step // self.every_n_steps > self._saved_at_step // self.every_n_steps
 
     def _stop_requested(self, trainer: L.Trainer) -> bool:
         """Whether any rank got a signal; every rank must agree, or the ranks would stop at different steps."""
@@ -131,10 +171,19 @@ class LastCheckpoint(Callback):
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._publish_then_exit_if_signalled(trainer)
-        self.save(trainer)
         if self._stop_requested(trainer):  # a signal during the epoch's last batch or its validation
+            self.save(trainer)
             self._exit_code = 128 + (self._received_signal or signal.SIGTERM)
             self._publish_then_exit_if_signalled(trainer)
+        elif self._is_due(trainer.global_step, epoch_end=True):
+            self.save(trainer)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # The final state, whether max_epochs, max_steps, early stopping or max_time ended training. (Saved here
+        # rather than at the last epoch end: an EarlyStopping that checks at epoch ends decides after this callback.)
+        self._publish(trainer)
+        if trainer.global_step != self._saved_at_step:
+            self.save(trainer)
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         self._publish(trainer)  # a state saved before the failing step is still a good one
@@ -152,12 +201,20 @@ class LastCheckpoint(Callback):
     def save(self, trainer: L.Trainer, publish: bool = True) -> None:
         """Write the trainer's full state to `last.ckpt` atomically (every rank must call it, rank 0 writes).
 
-        With `publish=False` the state waits in `last.ckpt.tmp` (fsynced in the background) until `_publish`."""
+        With `publish=False` the state waits in `last.ckpt.tmp` until `_publish`."""
         if trainer.fast_dev_run or trainer.sanity_checking:
             return  # a smoke run must not replace a real run's checkpoint
         self._wait_for_writes()  # the previous rename must be done before its temporary file is rewritten
-        trainer.save_checkpoint(self.tmp_path, weights_only=False)
-        self._in_background(_fsync, self.tmp_path)  # the bytes are written; making them durable can overlap training
+        if type(trainer.strategy).save_checkpoint is Strategy.save_checkpoint:  # rank 0 writes one file (1 GPU, DDP)
+            # What trainer.save_checkpoint does, but only the state is taken now; rank 0 writes it in the background.
+            # (Lightning's AsyncCheckpointIO would clone the state on the GPU and cannot say when a write is done.)
+            checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)  # on every rank
+            if self._writer is not None:
+                state, copied = snapshot(checkpoint)
+                self._in_background(write_durably, trainer.strategy.checkpoint_io, state, copied, self.tmp_path)
+        else:  # strategies that write their own way (FSDP, DeepSpeed)
+            trainer.save_checkpoint(self.tmp_path, weights_only=False)
+            self._in_background(_fsync, self.tmp_path)
         trainer.strategy.barrier("last_checkpoint")
         self._saved_at_step = trainer.global_step
         self._unpublished = True
@@ -177,7 +234,7 @@ class LastCheckpoint(Callback):
             self._writes.append(self._writer.submit(function, *args))
 
     def _wait_for_writes(self) -> None:
-        """Block until the background fsyncs and renames are done; raise their errors (a full disk, say) here."""
+        """Block until the background writes and renames are done; raise their errors (a full disk, say) here."""
         writes, self._writes = self._writes, []
         for write in writes:
             write.result()
