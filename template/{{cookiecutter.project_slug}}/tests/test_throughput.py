@@ -36,18 +36,18 @@ class BatchStarts(L.Callback):
 
 
 @pytest.mark.parametrize("delay", [0.0, 0.1])
-def test_data_wait_share_is_the_fetch_time_over_the_step_interval(delay):
+def test_data_wait_share_is_the_fetch_time_over_the_step_interval(tmp_path, delay):
     starts = BatchStarts()
     trainer = L.Trainer(
-        max_steps=11, log_every_n_steps=11, callbacks=[Throughput(), starts], logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False,
+        max_steps=11, log_every_n_steps=11, callbacks=[Throughput(), starts], default_root_dir=tmp_path,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
     )  # fmt: skip
     dataset = SlowImages(delay)
     batches = BatchSampler(SequentialSampler(dataset), 64, drop_last=True)
     trainer.fit(ImageClassifier(warmup=1), DataLoader(dataset, sampler=batches, batch_size=None))
-    share = float(trainer.callback_metrics["perf/data_wait_share"])
+    share = float(trainer.logged_metrics["perf/data_wait_share"])
     interval = torch.tensor(starts.times).diff().mean().item()  # one step and the fetch of the next batch
     expected = delay / interval
     assert share == pytest.approx(expected, abs=0.05)
     assert share > 0.6 if delay else share < 0.05
-    assert float(trainer.callback_metrics["perf/samples_per_sec"]) == pytest.approx(64 / interval, rel=0.01)
+    assert float(trainer.logged_metrics["perf/samples_per_sec"]) == pytest.approx(64 / interval, rel=0.01)
