@@ -26,12 +26,12 @@ run_for() {  # seconds, command...: run it with a timeout of at most the time le
 }
 
 start=$SECONDS
-run_for 240 python3 -m pytest tests/test_gpu.py -m "slow or not slow" -p no:cacheprovider -q -rs 2>&1 |
+run_for 200 python3 -m pytest tests/test_gpu.py -m "slow or not slow" -p no:cacheprovider -q -rs 2>&1 |
     tee "$OUT/test_gpu.log" | tail -4 | tee -a "$summary"
 echo "test_gpu.py: $((SECONDS - start)) s" | tee -a "$summary"
 
 start=$SECONDS
-run_for 90 python3 -m template_package fit --trainer.default_root_dir=/tmp/gpu_default_run \
+run_for 60 python3 -m template_package fit --trainer.default_root_dir=/tmp/gpu_default_run \
     --trainer.enable_progress_bar=false >"$OUT/default_fit.log" 2>&1
 code=$?
 accuracy=$(python3 -c "from conftest import scalars; print(scalars('/tmp/gpu_default_run')['val/acc'][-1])" 2>&1 | tail -1)
@@ -41,14 +41,15 @@ bench() {  # name, timeout, then overhead.py options
     local name=$1 limit=$2
     shift 2
     echo "== $name: $*" >>"$OUT/bench.log"
-    run_for "$limit" python3 benchmarks/overhead.py --gpu --epochs 2 "$@" 2>&1 | grep -v -E "━|Warning|warn\(" |
-        tee -a "$OUT/bench.log" | grep -E "median|spread|wait share|overhead ratio|Error|Exception|skipped" |
-        sed "s/^/$name: /" | tee -a "$summary"
+    run_for "$limit" python3 benchmarks/overhead.py --gpu --epochs 3 --repeats 2 --num-workers 4 "$@" 2>&1 |
+        grep -v -E "━|Warning|warn\(" | tee -a "$OUT/bench.log" |
+        grep -E "median|per repeat|wait share|overhead ratio|Error|Exception|skipped" | sed "s/^/$name: /" |
+        tee -a "$summary"
 }
-bench bf16 100 --repeats 2 --precision bf16-mixed --num-workers 4
-bench fp16 100 --repeats 2 --precision 16-mixed --num-workers 4
-bench bf16-off 100 --repeats 2 --precision bf16-mixed --num-workers 4 --features off
-bench bf16-channels-last 100 --repeats 2 --precision bf16-mixed --num-workers 4 --channels-last
-bench bf16-fast 100 --repeats 2 --precision bf16-mixed --num-workers 4 --config configs/fast.yaml
-bench bf16-compile 150 --repeats 1 --precision bf16-mixed --num-workers 4 --compile
+bench bf16 90 --precision bf16-mixed
+bench bf16-off 90 --precision bf16-mixed --features off
+bench bf16-bare 90 --precision bf16-mixed --features bare
+bench fp16 90 --precision 16-mixed
+bench bf16-channels-last 90 --precision bf16-mixed --channels-last
+bench bf16-compile 120 --precision bf16-mixed --compile
 echo "total: $SECONDS s" | tee -a "$summary"

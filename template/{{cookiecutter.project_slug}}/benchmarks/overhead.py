@@ -1,29 +1,37 @@
 """What the Trainer costs on top of a hand-written loop: `python benchmarks/overhead.py [--features off]`.
 
 Runs the project's Trainer (configured by the CLI from configs/default.yaml) and benchmarks/reference_loop.py on
-the same model, data and recipe, interleaved A B A B so that machine noise hits both alike, and prints the median
-time per optimizer step of each. The last line is `overhead ratio <Trainer / reference>`. Steps are timed after
-the first epoch, which pays the one-off costs (allocator warm-up, torch.compile).
+the same model, data and recipe, interleaved epoch by epoch (a Trainer epoch, then a reference epoch, ...) so that
+machine noise hits both alike, and prints the median over repeats of the time per optimizer step of each. The last
+line is `overhead ratio <x>`: the median over repeats of Trainer / reference, the two timed in the same fit. The
+first epoch of each side pays the one-off costs (allocator warm-up, torch.compile) and is not timed; every later
+epoch is, whole: its steps and its epoch-end work.
 
 --features on (default): logging, progress bar and checkpointing as configured. --features off: none of them.
-Validation is off in both, since the reference loop does not validate.
+--features bare: Lightning's own floor, with nothing of the template but its model and recipe: the model without
+its NaN check and logging, in `Trainer(barebones=True)`, built without the CLI. Validation is off in all three, since
+the reference loop does not validate.
 
 --gpu: a torchvision ResNet-18 on CIFAR-sized random 3x32x32 images held in memory (no download), batch 256, on
-one CUDA GPU, also reporting samples/s and peak GPU memory. Add --precision 16-mixed, --channels-last, --compile
-to measure those switches (`model.channels_last`, `model.compile`). --config FILE adds a preset to the Trainer
-run (e.g. configs/fast.yaml); global torch settings it makes, such as deterministic mode, hold for both.
+one CUDA GPU, also reporting samples/s and the peak GPU memory of each side run alone. Add --precision 16-mixed,
+--channels-last, --compile to measure those switches (`model.channels_last`, `model.compile`). --config FILE adds
+a preset to the Trainer run (e.g. configs/fast.yaml); global torch settings it makes, such as deterministic mode,
+hold for both.
 """
 
 import argparse
 import copy
+import gc
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import lightning as L
 import torch
+import torch.nn.functional as F
 from torch.utils.data import TensorDataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -32,8 +40,6 @@ import reference_loop  # noqa: E402
 from template_package.cli import auto_precision, build_cli  # noqa: E402
 from template_package.data import ImageDataModule  # noqa: E402
 from template_package.model import ImageClassifier  # noqa: E402
-
-WAIT_SHARES: list[float] = []
 
 
 class RandomImages(ImageDataModule):
@@ -57,36 +63,49 @@ def synchronize() -> None:
         torch.cuda.synchronize()
 
 
-class StepTimer(L.Callback):
-    """Wall time per optimizer step from the end of the first epoch to the end of training."""
+class Interleave(L.Callback):
+    """Runs one epoch of the reference loop at the end of each Trainer epoch and times both sides.
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if trainer.current_epoch == 0 and trainer.is_last_batch:
-            synchronize()
-            self.start, self.start_step = time.perf_counter(), trainer.global_step
+    The Trainer's time is the wall time from the end of its first epoch to the end of training, less the reference
+    epochs run inside it. (A Trainer cannot be paused between epochs from outside, so the reference runs in a hook.)
+    """
 
-    def on_train_end(self, trainer, pl_module) -> None:
+    reference_epochs: Iterator[list[float]]  # set by the benchmark before each fit
+
+    def __init__(self) -> None:
+        self.reference_seconds, self.reference_steps = 0.0, 0
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         synchronize()
-        self.seconds_per_step = (time.perf_counter() - self.start) / (trainer.global_step - self.start_step)
+        start = time.perf_counter()
+        steps = len(next(self.reference_epochs))
+        synchronize()
+        end = time.perf_counter()
+        if trainer.current_epoch == 0:  # both sides' first epochs: warm-up, not timed
+            self.start, self.start_step = end, trainer.global_step
+        else:
+            self.reference_seconds += end - start
+            self.reference_steps += steps
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        synchronize()
+        trainer_seconds = time.perf_counter() - self.start - self.reference_seconds
+        self.trainer_seconds_per_step = trainer_seconds / (trainer.global_step - self.start_step)
+        self.reference_seconds_per_step = self.reference_seconds / self.reference_steps
 
 
-def trainer_seconds_per_step(options: argparse.Namespace, root: str) -> float:
+def trainer_args(options: argparse.Namespace, root: str, epochs: int, callbacks: list[str]) -> list[str]:
     args = ["fit", *(f"--config={path}" for path in options.config)]
-    args += [f"--trainer.max_epochs={options.epochs}", f"--trainer.default_root_dir={root}"]
+    args += [f"--trainer.max_epochs={epochs}", f"--trainer.default_root_dir={root}"]
     args += ["--trainer.limit_val_batches=0", "--trainer.num_sanity_val_steps=0"]
     args += ["--trainer.enable_model_summary=false"]
     args += [f"--{key}={value}" for key, value in model_and_data_args(options).items()]
-    timer = f"{StepTimer.__module__}.StepTimer"
     if options.features == "on":
-        args += [f"--trainer.callbacks+={timer}"]
+        args += [f"--trainer.callbacks+={callback}" for callback in callbacks]
     else:
-        args += [f"--trainer.callbacks=[{timer}]", "--trainer.logger=false"]
+        args += [f"--trainer.callbacks=[{', '.join(callbacks)}]", "--trainer.logger=false"]
         args += ["--trainer.enable_progress_bar=false", "--trainer.enable_checkpointing=false"]
-    cli = build_cli(args, RandomImages if options.gpu else ImageDataModule)
-    wait_share = cli.trainer.callback_metrics.get("perf/data_wait_share")  # from the Throughput callback
-    if wait_share is not None:
-        WAIT_SHARES.append(float(wait_share))
-    return next(c for c in cli.trainer.callbacks if isinstance(c, StepTimer)).seconds_per_step
+    return args
 
 
 def model_and_data_args(options: argparse.Namespace) -> dict[str, object]:
@@ -98,7 +117,8 @@ def model_and_data_args(options: argparse.Namespace) -> dict[str, object]:
     return args | {"model.channels_last": options.channels_last, "model.compile": options.compile}
 
 
-def reference_seconds_per_step(options: argparse.Namespace) -> float:
+def reference_epochs(options: argparse.Namespace, epochs: int) -> Iterator[list[float]]:
+    """The reference loop on its own copy of the model (the same initial weights) and data, one epoch per next()."""
     L.seed_everything(42)
     data = (RandomImages if options.gpu else ImageDataModule)(
         batch_size=options.batch_size, image_size=32, num_workers=options.num_workers
@@ -107,37 +127,76 @@ def reference_seconds_per_step(options: argparse.Namespace) -> float:
     if options.compile:
         net.compile()
     data.setup("fit")
-    loader = data.train_dataloader()
-    steps_per_epoch, timing = len(loader), {}
-
-    def on_step(step: int) -> None:
-        if step == steps_per_epoch:
-            synchronize()
-            timing["start"] = time.perf_counter()
-
     precision = auto_precision() if options.precision == "auto" else options.precision
     memory_format = torch.channels_last if options.channels_last else torch.contiguous_format
-    device = "cuda" if options.gpu else "cpu"
-    steps = reference_loop.train(
-        net, loader, epochs=options.epochs, precision=precision, device=device, memory_format=memory_format,
-        on_step=on_step,
+    return reference_loop.train_epochs(
+        net, data.train_dataloader(), epochs=epochs, precision=precision, device="cuda" if options.gpu else "cpu",
+        memory_format=memory_format,
     )  # fmt: skip
-    synchronize()
-    return (time.perf_counter() - timing["start"]) / (len(steps) - steps_per_epoch)
 
 
-def peak_memory_mib() -> float:
-    """Peak GPU memory since the last call, in MiB."""
-    peak = torch.cuda.max_memory_allocated() / 2**20
-    torch.cuda.reset_peak_memory_stats()
-    return peak
+def fit_interleaved(options: argparse.Namespace, root: str) -> tuple[float, float, float | None]:
+    """One Trainer fit with a reference epoch after each of its epochs: the seconds per optimizer step of each, and
+    the data-wait share the Throughput callback logged last (None without it)."""
+    Interleave.reference_epochs = reference_epochs(options, options.epochs)
+    if options.features == "bare":
+        trainer = fit_bare(options, root)
+    else:
+        interleave = f"{Interleave.__module__}.{Interleave.__name__}"
+        args = trainer_args(options, root, options.epochs, [interleave])
+        trainer = build_cli(args, RandomImages if options.gpu else ImageDataModule).trainer
+    timer = next(c for c in trainer.callbacks if isinstance(c, Interleave))
+    wait_share = trainer.logged_metrics.get("perf/data_wait_share")
+    return timer.trainer_seconds_per_step, timer.reference_seconds_per_step, wait_share and float(wait_share)
+
+
+class BareClassifier(ImageClassifier):
+    """The project's network, optimizer and LR schedule, without its NaN check and logging."""
+
+    def training_step(self, batch, batch_idx):
+        images, targets = batch
+        return F.cross_entropy(self(images), targets)
+
+
+def fit_bare(options: argparse.Namespace, root: str) -> L.Trainer:
+    """The recipe of configs/default.yaml in `Trainer(barebones=True)`, which skips Lightning's logging, progress and
+    checkpointing machinery: what any Lightning training loop costs at least."""
+    data = (RandomImages if options.gpu else ImageDataModule)(
+        batch_size=options.batch_size, image_size=32, num_workers=options.num_workers
+    )
+    L.seed_everything(42)
+    model = BareClassifier(
+        options.arch, data.num_classes, data.in_channels, compile=options.compile, channels_last=options.channels_last
+    )
+    trainer = L.Trainer(
+        barebones=True, max_epochs=options.epochs, gradient_clip_val=1.0, deterministic=True, callbacks=[Interleave()],
+        precision=auto_precision() if options.precision == "auto" else options.precision, default_root_dir=root,
+        accelerator="gpu" if options.gpu else "cpu", devices=1, limit_val_batches=0,
+    )  # fmt: skip
+    trainer.fit(model, datamodule=data)
+    return trainer
+
+
+def peak_memory_mib(options: argparse.Namespace, root: str) -> tuple[float, float]:
+    """Peak GPU memory of one epoch of each side, run alone (interleaved, each would count the other's weights)."""
+    peaks = []
+    for run in (
+        lambda: build_cli(trainer_args(options, root, 1, []), RandomImages),
+        lambda: next(reference_epochs(options, 1)),
+    ):
+        gc.collect()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        run()
+        peaks.append(torch.cuda.max_memory_allocated() / 2**20)
+    return peaks[0], peaks[1]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--features", choices=["on", "off"], default="on")
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--epochs", type=int, default=6)
+    parser.add_argument("--features", choices=["on", "off", "bare"], default="on")
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--gpu", action="store_true", help="ResNet-18 on random 32x32 images on one CUDA GPU")
     parser.add_argument("--precision", default="auto", help="trainer.precision, e.g. bf16-mixed, 16-mixed")
     parser.add_argument("--channels-last", action="store_true")
@@ -147,31 +206,27 @@ def main() -> None:
     options = parser.parse_args()
     options.arch, options.batch_size = ("resnet18", 256) if options.gpu else ("small_cnn", 64)
     sys.argv = sys.argv[:1]  # LightningCLI gets its arguments from the list built here, not from this command line
-    torch.set_num_threads(torch.get_num_threads())  # the same thread pool for both
     times: dict[str, list[float]] = {"trainer": [], "reference": []}
-    memory: dict[str, list[float]] = {"trainer": [], "reference": []}
+    wait_shares = []
     with tempfile.TemporaryDirectory() as tmp:
-        for repeat in range(options.repeats + 1):  # repeat 0 warms up caches and is not counted
-            t = trainer_seconds_per_step(options, f"{tmp}/run{repeat}")
-            t_memory = peak_memory_mib() if options.gpu else 0.0
-            r = reference_seconds_per_step(options)
-            r_memory = peak_memory_mib() if options.gpu else 0.0
-            if repeat:
-                for side, seconds, mib in (("trainer", t, t_memory), ("reference", r, r_memory)):
-                    times[side].append(seconds)
-                    memory[side].append(mib)
-                print(f"repeat {repeat}: trainer {t * 1e3:.3f} ms/step, reference {r * 1e3:.3f} ms/step", flush=True)
-    for side in ("trainer", "reference"):
+        for repeat in range(1, options.repeats + 1):
+            t, r, wait_share = fit_interleaved(options, f"{tmp}/run{repeat}")
+            times["trainer"].append(t)
+            times["reference"].append(r)
+            wait_shares += [wait_share] if wait_share is not None else []
+            print(f"repeat {repeat}: trainer {t * 1e3:.3f} ms/step, reference {r * 1e3:.3f} ms/step", flush=True)
+        memory = peak_memory_mib(options, f"{tmp}/memory") if options.gpu else None
+    for side, peak in zip(("trainer", "reference"), memory or (None, None), strict=True):
         median = statistics.median(times[side])
         line = f"{side:9} median {median * 1e3:.3f} ms/step, {options.batch_size / median:,.0f} samples/s"
-        print(line + (f", peak GPU memory {max(memory[side]):,.0f} MiB" if options.gpu else ""))
+        print(line + (f", peak GPU memory {peak:,.0f} MiB" if peak is not None else ""))
     ratios = [t / r for t, r in zip(times["trainer"], times["reference"], strict=True)]
     switches = [f"features {options.features}", f"precision {options.precision}"]
     switches += [name for name in ("gpu", "channels_last", "compile") if getattr(options, name)] + options.config
-    print(f"ratio spread {min(ratios):.3f}..{max(ratios):.3f} ({', '.join(switches)})")
-    if WAIT_SHARES:
-        print(f"data wait share (last logged window) median {statistics.median(WAIT_SHARES):.1%}")
-    print(f"overhead ratio {statistics.median(times['trainer']) / statistics.median(times['reference']):.3f}")
+    print(f"ratio per repeat {min(ratios):.3f}..{max(ratios):.3f} ({', '.join(switches)})")
+    if wait_shares:
+        print(f"data wait share (last logged window) median {statistics.median(wait_shares):.1%}")
+    print(f"overhead ratio {statistics.median(ratios):.3f}")
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ measures what the Trainer costs on top of it. Written independently of model.py 
 """
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -20,7 +20,12 @@ def lr_factor(step: int, warmup_steps: int, total_steps: int, min_lr_ratio: floa
     return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def train(
+def train(net: nn.Module, loader: Iterable, *, epochs: int, **recipe) -> list[float]:
+    """Train `net` in place for `epochs` epochs and return the loss of the last batch of every optimizer step."""
+    return [loss for epoch_losses in train_epochs(net, loader, epochs=epochs, **recipe) for loss in epoch_losses]
+
+
+def train_epochs(
     net: nn.Module,
     loader: Iterable,
     *,
@@ -34,12 +39,11 @@ def train(
     precision: str = "32-true",
     device: str = "cpu",
     memory_format: torch.memory_format = torch.contiguous_format,
-    on_step: Callable[[int], None] | None = None,
-) -> list[float]:
-    """Train `net` in place and return the loss of the last batch of every optimizer step.
+) -> Iterator[list[float]]:
+    """Train `net` in place, one epoch per iteration, yielding the epoch's loss of the last batch of every optimizer
+    step. (benchmarks/overhead.py runs the epochs one at a time, alternating with the Trainer's.)
 
-    `memory_format=torch.channels_last` lays out weights and images as NHWC; `on_step(step)` is called after each
-    optimizer step (benchmarks/overhead.py times steps with it)."""
+    `memory_format=torch.channels_last` lays out weights and images as NHWC."""
     net.to(device, memory_format=memory_format).train()
     decay = [p for p in net.parameters() if p.ndim >= 2]  # weight matrices and conv kernels
     no_decay = [p for p in net.parameters() if p.ndim < 2]  # biases and norm scales/shifts
@@ -52,8 +56,9 @@ def train(
     autocast_dtype = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(precision)
     # fp16 gradients underflow without loss scaling; bf16 has float32's range and needs none.
     scaler = torch.amp.GradScaler(device, enabled=precision == "16-mixed")
-    step, losses = 0, []
+    step = 0
     for epoch in range(epochs):
+        losses = []
         if hasattr(loader.sampler, "set_epoch"):
             loader.sampler.set_epoch(epoch)
         for i, (x, y) in enumerate(loader):
@@ -75,6 +80,4 @@ def train(
             optimizer.zero_grad(set_to_none=True)
             losses.append(loss.item())
             step += 1
-            if on_step is not None:
-                on_step(step)
-    return losses
+        yield losses
