@@ -179,6 +179,14 @@ def test_non_finite_loss_stops_without_overwriting_the_last_good_checkpoint(run_
     assert all(torch.isfinite(t).all() for t in checkpoint["state_dict"].values())
 
 
+def test_async_checkpoint_io_is_refused_before_training(run_dir):
+    """It returns before its write is done: last.ckpt's fsync and rename could not wait for it."""
+    message = error_line("fit", f"--trainer.default_root_dir={run_dir}", *QUICK,
+                         "--trainer.plugins=lightning.pytorch.plugins.io.AsyncCheckpointIO")  # fmt: skip
+    assert "AsyncCheckpointIO" in message and "leave it out" in message
+    assert not (run_dir / "checkpoints" / "last.ckpt").exists()
+
+
 def test_run_dir_that_cannot_be_created_fails_before_training(tmp_path):
     blocker = tmp_path / "a_file"
     blocker.write_text("")

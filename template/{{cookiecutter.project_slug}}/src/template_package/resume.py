@@ -20,6 +20,7 @@ import lightning as L
 import numpy as np
 import torch
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.plugins.io import AsyncCheckpointIO
 from lightning.pytorch.strategies import Strategy
 from lightning_utilities.core.apply_func import apply_to_collection
 
@@ -109,6 +110,11 @@ class LastCheckpoint(Callback):
         return self.dirpath / (self.FILENAME + ".tmp")
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if stage == "fit" and isinstance(trainer.strategy.checkpoint_io, AsyncCheckpointIO):
+            raise ValueError(
+                "trainer.plugins: AsyncCheckpointIO returns before a checkpoint is written, so last.ckpt could be "
+                "renamed into place half-written; leave it out (last.ckpt is already written in the background)"
+            )
         if stage == "fit" and trainer.is_global_zero:
             self.dirpath.mkdir(parents=True, exist_ok=True)
             # A write killed half-way leaves only its temporary file behind; last.ckpt itself is intact.
