@@ -44,7 +44,7 @@ from template_package.model import ImageClassifier  # noqa: E402
 
 class RandomImages(ImageDataModule):
     """CIFAR-10-sized stand-in for the GPU benchmark: 50,000 random RGB images and labels, in memory. (The epoch
-    length matters: the epoch-end checkpoint is a per-epoch cost.)"""
+    length matters: an epoch's start and end are per-epoch costs.)"""
 
     @property
     def in_channels(self) -> int:
@@ -117,21 +117,28 @@ def model_and_data_args(options: argparse.Namespace) -> dict[str, object]:
     return args | {"model.channels_last": options.channels_last, "model.compile": options.compile}
 
 
+def datamodule(options: argparse.Namespace) -> ImageDataModule:
+    """The data of the reference loop and of the bare Trainer; the CLI builds the same from model_and_data_args."""
+    data_class = RandomImages if options.gpu else ImageDataModule
+    return data_class(batch_size=options.batch_size, image_size=32, num_workers=options.num_workers)
+
+
+def precision(options: argparse.Namespace) -> str:
+    return auto_precision() if options.precision == "auto" else options.precision
+
+
 def reference_epochs(options: argparse.Namespace, epochs: int) -> Iterator[list[float]]:
     """The reference loop on its own copy of the model (the same initial weights) and data, one epoch per next()."""
     L.seed_everything(42)
-    data = (RandomImages if options.gpu else ImageDataModule)(
-        batch_size=options.batch_size, image_size=32, num_workers=options.num_workers
-    )
+    data = datamodule(options)
     net = copy.deepcopy(ImageClassifier(options.arch, data.num_classes, data.in_channels).net)
     if options.compile:
         net.compile()
     data.setup("fit")
-    precision = auto_precision() if options.precision == "auto" else options.precision
     memory_format = torch.channels_last if options.channels_last else torch.contiguous_format
     return reference_loop.train_epochs(
-        net, data.train_dataloader(), epochs=epochs, precision=precision, device="cuda" if options.gpu else "cpu",
-        memory_format=memory_format,
+        net, data.train_dataloader(), epochs=epochs, precision=precision(options),
+        device="cuda" if options.gpu else "cpu", memory_format=memory_format,
     )  # fmt: skip
 
 
@@ -161,16 +168,14 @@ class BareClassifier(ImageClassifier):
 def fit_bare(options: argparse.Namespace, root: str) -> L.Trainer:
     """The recipe of configs/default.yaml in `Trainer(barebones=True)`, which skips Lightning's logging, progress and
     checkpointing machinery: what any Lightning training loop costs at least."""
-    data = (RandomImages if options.gpu else ImageDataModule)(
-        batch_size=options.batch_size, image_size=32, num_workers=options.num_workers
-    )
+    data = datamodule(options)
     L.seed_everything(42)
     model = BareClassifier(
         options.arch, data.num_classes, data.in_channels, compile=options.compile, channels_last=options.channels_last
     )
     trainer = L.Trainer(
         barebones=True, max_epochs=options.epochs, gradient_clip_val=1.0, deterministic=True, callbacks=[Interleave()],
-        precision=auto_precision() if options.precision == "auto" else options.precision, default_root_dir=root,
+        precision=precision(options), default_root_dir=root,
         accelerator="gpu" if options.gpu else "cpu", devices=1, limit_val_batches=0,
     )  # fmt: skip
     trainer.fit(model, datamodule=data)
