@@ -135,7 +135,7 @@ def reference_run(tmp_path_factory, args: list[str]) -> Path:
 KILL_POINTS = {
     "mid_epoch": {"hook": "on_train_batch_end", "step": 8},
     "mid_second_epoch": {"hook": "on_train_batch_end", "step": 27},
-    "epoch_end_before_checkpoint": {"hook": "on_train_epoch_end", "step": 1},
+    "epoch_end": {"hook": "on_train_epoch_end", "step": 1},
     "during_validation": {"hook": "on_validation_batch_end", "step": 19, "batch_idx": 2},
     "during_checkpoint_write": {"hook": "checkpoint_write", "step": 12},
 }
