@@ -3,9 +3,11 @@
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from template_package.cli import main
 
@@ -32,6 +34,14 @@ def cli_subprocess(*args: str, cwd: Path = PROJECT_ROOT, timeout: float = 300) -
     )  # fmt: skip
 
 
+def resume(run_dir: Path, *args: str):
+    """`fit --ckpt_path last` in this process. It starts in a new second: TensorBoard reads a run's event files in
+    the order of their names (the second, host, PID, then a per-process counter that sorts as text), and this
+    process's second file, named in the same second as its first, could sort before it."""
+    time.sleep(1 - time.time() % 1)
+    return cli("fit", f"--trainer.default_root_dir={run_dir}", "--ckpt_path=last", *args)
+
+
 def scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
     """Every scalar TensorBoard holds for the run, as {tag: [(step, value), ...]}."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -39,3 +49,15 @@ def scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
     events = EventAccumulator(str(run_dir))
     events.Reload()
     return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+
+
+def extra_config(path: Path, callbacks: list[dict] = (), plugins: list[dict] = ()) -> str:
+    """Write a `--config` file that adds test-only callbacks and Trainer plugins ({"class_path", "init_args"}) to a
+    run; returns its path."""
+    trainer = {}
+    if callbacks:
+        trainer["callbacks+"] = list(callbacks)
+    if plugins:
+        trainer["plugins"] = list(plugins)
+    path.write_text(yaml.safe_dump({"trainer": trainer}))
+    return str(path)

@@ -1,4 +1,4 @@
-"""A test-only callback that freezes training at a chosen point, so a test can SIGKILL the process right there.
+"""A test-only callback that freezes training at a chosen point, so a test can SIGKILL or signal the process there.
 
 It writes `marker` and stops the process with SIGSTOP: the test sees the marker and kills it from outside, the way
 a crash or an out-of-memory kill would. Used by test_resume.py through `--trainer.callbacks+=`.
@@ -6,8 +6,6 @@ a crash or an out-of-memory kill would. Used by test_resume.py through `--traine
 
 import os
 import signal
-import threading
-import time
 from pathlib import Path
 
 import lightning as L
@@ -17,9 +15,9 @@ from lightning.pytorch.callbacks import Callback
 class FreezeAt(Callback):
     """Freeze at `hook` once the trainer's global step reaches `step` (and, if given, at batch `batch_idx`).
 
-    hook: on_train_batch_end, on_train_epoch_start, on_train_epoch_end, on_validation_batch_end, or checkpoint_write
-    (freezes while `last.ckpt.tmp` is being written, i.e. inside a checkpoint write). flush_logs: flush the loggers
-    first, so what was logged so far is on disk when the process is killed.
+    hook: on_train_batch_end, on_train_epoch_start, on_train_epoch_end or on_validation_batch_end (inside a checkpoint
+    write: faults.StallingCheckpointIO). It freezes once. flush_logs: flush the loggers first, so what was logged so
+    far is on disk when the process is killed.
     """
 
     def __init__(
@@ -33,6 +31,7 @@ class FreezeAt(Callback):
             for logger in trainer.loggers:
                 logger.save()
         self.marker.write_text(str(os.getpid()))
+        self.hook = "done"
         os.kill(os.getpid(), signal.SIGSTOP)
 
     def _maybe_freeze(self, trainer: L.Trainer, hook: str, batch_idx: int | None = None) -> None:
@@ -53,18 +52,3 @@ class FreezeAt(Callback):
     def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
         if not trainer.sanity_checking:
             self._maybe_freeze(trainer, "on_validation_batch_end", batch_idx)
-
-    def on_save_checkpoint(self, trainer, pl_module, checkpoint) -> None:
-        if self.hook != "checkpoint_write" or trainer.global_step < self.step or not trainer.is_global_zero:
-            return
-        # This hook runs just before the bytes are written: a watcher thread freezes the process as soon as the
-        # temporary file appears, i.e. while it is being written or fsynced, before the rename.
-        tmp = Path(trainer.default_root_dir) / "checkpoints" / "last.ckpt.tmp"
-        self.hook = "done"
-
-        def watch() -> None:
-            while not tmp.exists():
-                time.sleep(0.0001)
-            self._freeze(trainer)
-
-        threading.Thread(target=watch, daemon=True).start()

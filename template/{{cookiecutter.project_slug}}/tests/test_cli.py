@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import PROJECT_ROOT, QUICK, cli, cli_subprocess, scalars
+from conftest import PROJECT_ROOT, QUICK, cli, cli_subprocess, resume, scalars
 
 
 def test_fit_writes_the_run_directory_contract(run_dir: Path):
@@ -40,7 +40,7 @@ def test_validate_test_predict_load_the_checkpoint(run_dir: Path):
 
 def test_resume_continues_the_same_run(run_dir: Path):
     cli("fit", f"--trainer.default_root_dir={run_dir}", *QUICK)
-    cli("fit", f"--trainer.default_root_dir={run_dir}", "--ckpt_path=last", *QUICK[1:], "--trainer.max_epochs=3")
+    resume(run_dir, *QUICK[1:], "--trainer.max_epochs=3")
     ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
     assert ckpt["global_step"] == 18
     assert sorted(p.name for p in (run_dir / "checkpoints").glob("last*")) == ["last.ckpt"]
@@ -76,15 +76,16 @@ def test_last_ckpt_appears_only_after_every_earlier_step_is_logged(run_dir: Path
 def test_last_ckpt_is_written_when_due_and_when_training_ends(run_dir: Path, monkeypatch, every_n_steps, extra, writes):
     """QUICK has 6-batch epochs: a write due on an epoch's last batch (steps 6, 12) is made at the epoch end; the final
     state is written however training ends, and not twice."""
-    from template_package.resume import LastCheckpoint
+    from template_package.durable import DurableCheckpointIO
 
-    written, save = [], LastCheckpoint.save
+    written, save = [], DurableCheckpointIO.save_checkpoint
 
-    def recording_save(self, trainer, **kwargs):
-        written.append(trainer.global_step)
-        save(self, trainer, **kwargs)
+    def recording_save(self, checkpoint, path, **kwargs):
+        if Path(path).name == "last.ckpt":
+            written.append(checkpoint["global_step"])
+        save(self, checkpoint, path, **kwargs)
 
-    monkeypatch.setattr(LastCheckpoint, "save", recording_save)
+    monkeypatch.setattr(DurableCheckpointIO, "save_checkpoint", recording_save)
     every = f"--last_checkpoint.every_n_steps={every_n_steps}"
     cli("fit", f"--trainer.default_root_dir={run_dir}", every, *QUICK, *extra)
     assert written == writes

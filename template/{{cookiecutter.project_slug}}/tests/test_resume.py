@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
-from conftest import PROJECT_ROOT, scalars
+from conftest import PROJECT_ROOT, extra_config, scalars
 
 pytestmark = pytest.mark.slow
 TESTS = Path(__file__).resolve().parent
@@ -45,15 +44,15 @@ def kill_group(process: subprocess.Popen) -> None:
 
 
 def freeze_config(tmp_path: Path, **init_args) -> str:
-    marker = tmp_path / "frozen"
-    config = {
-        "trainer": {
-            "callbacks+": [{"class_path": "kill_points.FreezeAt", "init_args": {"marker": str(marker), **init_args}}]
-        }
-    }  # noqa: E501
-    path = tmp_path / "freeze.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return str(path)
+    """A config that stops the run at a kill point and writes tmp_path/frozen: kill_points.FreezeAt at a hook, or
+    faults.StallingCheckpointIO inside a write of last.ckpt (hook="checkpoint_write")."""
+    marker = str(tmp_path / "frozen")
+    hook = init_args.pop("hook")
+    if hook == "checkpoint_write":
+        stall = {"class_path": "faults.StallingCheckpointIO", "init_args": {"marker": marker, **init_args}}
+        return extra_config(tmp_path / "freeze.yaml", plugins=[stall])
+    freeze = {"class_path": "kill_points.FreezeAt", "init_args": {"marker": marker, "hook": hook, **init_args}}
+    return extra_config(tmp_path / "freeze.yaml", callbacks=[freeze])
 
 
 def wait_until_frozen(process: subprocess.Popen, marker: Path) -> None:

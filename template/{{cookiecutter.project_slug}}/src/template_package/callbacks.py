@@ -18,8 +18,10 @@ class PredictionsCSV(BasePredictionWriter):
     """Writes what `predict` returns (class probabilities per input) to a CSV file, one row per input.
 
     Columns: `index` in the predict dataset, `file` when the dataset has files (ImageFolder), `prediction` (the class
-    name), then `p_<class>` for every class. Args: path: the CSV file; the CLI sets it to
-    `<default_root_dir>/predictions.csv`.
+    name), then `p_<class>` for every class.
+
+    Args:
+        path: the CSV file; the CLI sets it to `<default_root_dir>/predictions.csv`.
     """
 
     def __init__(self, path: str) -> None:

@@ -4,8 +4,10 @@ Each check names the bad value and what would be valid, and runs before anything
 """
 
 import difflib
+import errno
 import pickle
 import re
+import sys
 from pathlib import Path
 from typing import get_args
 
@@ -13,6 +15,8 @@ import lightning as L
 import torch
 from lightning.fabric.plugins.precision.precision import _PRECISION_INPUT
 from lightning.pytorch.cli import LightningArgumentParser
+
+from .run_lock import RunDirectoryBusy, RunLock
 
 PRECISIONS = ["auto", *(p for p in get_args(get_args(_PRECISION_INPUT)[1]) if "transformer" not in p)]
 
@@ -42,8 +46,29 @@ def _options(parser) -> list[str]:
     return [option for action in parser._actions for option in action.option_strings if option.startswith("--")]
 
 
+def lock_run_dir(root: Path) -> RunLock:
+    """Take the run directory for this fit, or stop: another live fit holds it, or it cannot be created."""
+    lock = RunLock(root)
+    try:
+        lock.acquire()
+    except RunDirectoryBusy as busy:
+        raise SystemExit(
+            f"error: {root} is being trained by another fit ({busy.holder}): let it finish or stop it, or give "
+            "another --trainer.default_root_dir"
+        ) from None
+    except OSError as error:
+        if error.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):  # a filesystem without locks
+            print(f"warning: cannot lock {root} ({error.strerror}): make sure no other fit uses it", file=sys.stderr)
+            return lock
+        raise SystemExit(
+            f"error: cannot write the run directory {root} ({error.strerror}): give another --trainer.default_root_dir"
+        ) from None
+    return lock
+
+
 def check_run_dir_writable(root: Path) -> None:
-    """Fail now, not after an hour of training, when the run directory cannot be written."""
+    """Fail now, not after an hour of training, when the run directory cannot be written (call it with the run
+    directory locked: two processes would race on the probe file)."""
     try:
         (root / "checkpoints").mkdir(parents=True, exist_ok=True)
         probe = root / ".write_test"

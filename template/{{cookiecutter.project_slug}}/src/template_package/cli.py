@@ -6,23 +6,31 @@ needs: `--trainer.default_root_dir DIR` holds `DIR/checkpoints/last.ckpt`, `DIR/
 events, and `fit --ckpt_path last` resumes that run, or starts it when there is nothing to resume yet.
 """
 
+import functools
+import logging
 import os
-import re
+import threading
+import warnings
 from argparse import ArgumentError
 from pathlib import Path
 from typing import Literal
 
 import lightning as L
 import torch
+from lightning.fabric.plugins.io import CheckpointIO
 from lightning.fabric.plugins.precision.precision import _PRECISION_INPUT
 from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 
 from .callbacks import PredictionsCSV
-from .checks import check_architecture, check_checkpoint, check_run_dir_writable, explain_parse_error
+from .checks import check_architecture, check_checkpoint, check_run_dir_writable, explain_parse_error, lock_run_dir
 from .data import ImageDataModule
+from .durable import DurableCheckpointIO
+from .errors import MACHINE_FAULTS, is_a_users_mistake, one_line
 from .model import ImageClassifier
 from .resume import LastCheckpoint
+from .run_lock import RunLock, is_global_rank_zero
+from .stop_signals import STOP_SIGNALS
 
 # The packaged defaults; found beside the source tree of an editable install (`pip install -e .`).
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "default.yaml"
@@ -39,15 +47,48 @@ def auto_precision() -> str:
 CHECKPOINT_CALLBACKS = (ModelCheckpoint, LastCheckpoint)
 
 
+def _described(method, description: str):
+    """`method` with this project's description, which `--help` shows (LightningCLI reads the subcommands' help and
+    their options' help from the Trainer methods' docstrings)."""
+
+    @functools.wraps(method)
+    def described(self, *args, **kwargs):
+        return method(self, *args, **kwargs)
+
+    described.__doc__ = description
+    return described
+
+
+CHECKPOINT_TO_EVALUATE = """
+    Args:
+        ckpt_path: the checkpoint whose weights to use, e.g. runs/default/checkpoints/last.ckpt.
+        weights_only: load the checkpoint without unpickling arbitrary objects (true by default); false only for a
+            file you trust."""
+
+
 class Trainer(L.Trainer):
-    """Lightning's Trainer with `precision="auto"` (see `auto_precision`) and TF32 matmuls on CUDA.
+    """Lightning's Trainer with `precision="auto"` (see `auto_precision`), TF32 matmuls on CUDA and checkpoint files
+    written atomically (`durable.DurableCheckpointIO`, unless a CheckpointIO plugin is given).
 
     Every other argument is Lightning's own; any Lightning precision string ("32-true", "bf16-mixed", "16-mixed",
     ...) is passed through unchanged. `enable_progress_bar=False` and `enable_checkpointing=False` also drop the
     progress bar and checkpoint callbacks that the config adds.
+
+    Args:
+        default_root_dir: the run directory: checkpoints/ (last.ckpt and the best by val/acc), config.yaml and the
+            TensorBoard events. `fit` refuses a directory that already holds a run unless it resumes it (--ckpt_path
+            last), and a directory that another fit is training.
+        precision: "auto" (bf16-mixed on GPUs with bf16, 16-mixed on older GPUs, 32-true on CPU), or any Lightning
+            precision string.
     """
 
-    def __init__(self, *args, precision: Literal["auto"] | _PRECISION_INPUT = "auto", **kwargs) -> None:
+    def __init__(
+        self,
+        *args,
+        default_root_dir: str | None = None,
+        precision: Literal["auto"] | _PRECISION_INPUT = "auto",
+        **kwargs,
+    ) -> None:
         accumulate = kwargs.get("accumulate_grad_batches", 1)
         if not isinstance(accumulate, int) or accumulate < 1:
             raise ValueError(f"trainer.accumulate_grad_batches={accumulate!r} must be a whole number >= 1")
@@ -55,11 +96,46 @@ class Trainer(L.Trainer):
         for switch, kinds in (("enable_progress_bar", ProgressBar), ("enable_checkpointing", CHECKPOINT_CALLBACKS)):
             if kwargs.get(switch) is False and kwargs.get("callbacks"):
                 kwargs["callbacks"] = [c for c in kwargs["callbacks"] if not isinstance(c, kinds)]
+        plugins = kwargs.get("plugins") or []
+        plugins = plugins if isinstance(plugins, list) else [plugins]
+        if not any(isinstance(plugin, CheckpointIO) for plugin in plugins):
+            kwargs["plugins"] = [*plugins, DurableCheckpointIO()]
         if torch.cuda.is_available():
             # TF32 tensor cores for float32 matmuls and convolutions: ~8x faster on Ampere+, deterministic.
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True
-        super().__init__(*args, precision=auto_precision() if precision == "auto" else precision, **kwargs)
+        precision = auto_precision() if precision == "auto" else precision
+        super().__init__(*args, default_root_dir=default_root_dir, precision=precision, **kwargs)
+
+    fit = _described(
+        L.Trainer.fit,
+        """Train the model in the run directory --trainer.default_root_dir.
+
+    Args:
+        ckpt_path: last: resume the run from its checkpoints/last.ckpt, exactly, or start it when there is none yet
+            (one command for the first start and every restart); a .ckpt path: continue from that checkpoint's full
+            state (weights, optimizer, schedule, loop and data position).
+        weights_only: load the checkpoint without unpickling arbitrary objects (true by default); false only for a
+            file you trust.""",
+    )
+    validate = _described(
+        L.Trainer.validate,
+        f"""Compute val/loss and val/acc of a checkpoint on the validation set.
+{CHECKPOINT_TO_EVALUATE}
+        verbose: print the results.""",
+    )
+    test = _described(
+        L.Trainer.test,
+        f"""Compute test/loss and test/acc of a checkpoint on the test set.
+{CHECKPOINT_TO_EVALUATE}
+        verbose: print the results.""",
+    )
+    predict = _described(
+        L.Trainer.predict,
+        f"""Write predictions.csv into the run directory: each input's predicted class and class probabilities.
+{CHECKPOINT_TO_EVALUATE}
+        return_predictions: keep the predictions in memory too (they are written to the CSV file either way).""",
+    )
 
 
 class RunConfigCallback(SaveConfigCallback):
@@ -74,7 +150,23 @@ class RunConfigCallback(SaveConfigCallback):
 
 
 class ProjectCLI(LightningCLI):
-    """LightningCLI with the run-directory contract and the project's checkpoint callbacks."""
+    """LightningCLI with the run-directory contract and the project's checkpoint callbacks.
+
+    `fit` holds the run directory's lock (run_lock.py) from the moment its options are parsed until it returns.
+    """
+
+    def __init__(self, *args, **kwargs) -> None:
+        self.run_lock: RunLock | None = None
+        self.run_dir: Path | None = None  # fit's, once parsed
+        try:
+            super().__init__(*args, **kwargs)  # parses, builds and runs the subcommand
+        except Exception as error:
+            if os.environ.get("TRACEBACK") or not is_a_users_mistake(error):
+                raise
+            raise SystemExit(f"error: {one_line(error, self.run_dir)}") from None
+        finally:
+            if self.run_lock is not None:
+                self.run_lock.release()
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         # Always present, configured under `checkpoint.*` and `last_checkpoint.*` (both in DIR/checkpoints), and
@@ -99,7 +191,11 @@ class ProjectCLI(LightningCLI):
         subcommand = self.config.get("subcommand")
         config = self.config[subcommand]
         if subcommand == "fit":
-            check_run_dir_writable(Path(config.trainer.default_root_dir))
+            root = Path(config.trainer.default_root_dir)
+            if is_global_rank_zero():  # one lock and one probe per job, not one per process
+                self.run_lock = lock_run_dir(root)
+                check_run_dir_writable(root)
+            self.run_dir = root
             resolve_resume(config)
         checkpoint = check_checkpoint(config.ckpt_path, config.weights_only) if config.ckpt_path else None
         if subcommand == "fit":
@@ -112,6 +208,26 @@ class ProjectCLI(LightningCLI):
             check_architecture(ckpt_path, self.model)
 
     before_fit = before_validate = before_test = before_predict = _check_architecture
+
+    def after_fit(self) -> None:
+        if self.trainer.is_global_zero and not self.trainer.fast_dev_run:
+            print(run_report(self.trainer, Path(self.config_init["fit"].trainer.default_root_dir)))
+
+
+def run_report(trainer: L.Trainer, run_dir: Path) -> str:
+    """What a finished fit got and where it is, printed whether a progress bar showed it or not."""
+    lines = []
+    best = trainer.checkpoint_callback
+    if best is not None and best.monitor and best.monitor in trainer.callback_metrics:
+        final = f"{best.monitor} {float(trainer.callback_metrics[best.monitor]):.4f} at the end"
+        if best.best_model_path:
+            final += f", best {float(best.best_model_score):.4f}: {best.best_model_path}"
+        lines.append(final)
+    last = run_dir / "checkpoints" / LastCheckpoint.FILENAME
+    if last.is_file():
+        lines.append(f"last state (step {trainer.global_step}): {last}; continue it with --ckpt_path last")
+    lines.append(f"look at the run: tensorboard --logdir {run_dir}")
+    return "\n".join(lines)
 
 
 def resolve_resume(config) -> None:
@@ -147,21 +263,46 @@ def predictions_csv(root_dir: str) -> str:
     return str(Path(root_dir) / "predictions.csv")
 
 
-# What a user can get wrong: printed as one line without a traceback (TRACEBACK=1 shows it).
-USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, PermissionError, FloatingPointError)
-
-
 def main(args: list[str] | None = None) -> ProjectCLI:
-    """Parse `args` (default: sys.argv) and run the subcommand."""
+    """Parse `args` (default: sys.argv) and run the subcommand.
+
+    A mistake in what was given ends with one line (`TRACEBACK=1` shows the traceback too), a bug with its traceback
+    (errors.py, ProjectCLI); a stop signal ends the process with 128 + its number (stop_signals.py)."""
+    quiet_third_party_notices()
+    threading.excepthook = _machine_faults_are_reported_once
+    STOP_SIGNALS.install()
     try:
-        return build_cli(args)
-    except USER_ERRORS as error:
-        if os.environ.get("TRACEBACK"):
-            raise
-        # Errors raised in loader workers arrive wrapped: their last line is the original message.
-        lines = [line.strip() for line in str(error).splitlines() if line.strip()] or [type(error).__name__]
-        message = re.sub(r"^\w+(Error|Exception): ", "", lines[-1])
-        raise SystemExit(f"error: {message}") from None
+        cli = build_cli(args)
+    except SystemExit as stop:
+        # Lightning's own SIGTERM exception exits 0; a scheduler must see that the run was stopped.
+        if not stop.code and STOP_SIGNALS.exit_code is not None:
+            raise SystemExit(STOP_SIGNALS.exit_code) from None
+        raise
+    finally:
+        exit_code = STOP_SIGNALS.exit_code
+        STOP_SIGNALS.uninstall()
+    if exit_code is not None:  # a signal after training had ended: its final state is saved
+        raise SystemExit(exit_code)
+    return cli
+
+
+def quiet_third_party_notices() -> None:
+    """Hide what our dependencies print on every run that a user can do nothing about, and only that: Lightning's
+    advertisement for its cloud logger and two deprecation warnings of calls inside torchdata and Lightning."""
+    warnings.filterwarnings("ignore", message="'set_vital' is deprecated", category=UserWarning)
+    warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)`", category=FutureWarning)
+    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_not_the_litlogger_tip)
+
+
+def _not_the_litlogger_tip(record: logging.LogRecord) -> bool:
+    return "litlogger" not in record.getMessage()
+
+
+def _machine_faults_are_reported_once(args: threading.ExceptHookArgs) -> None:
+    """A full disk met by a helper thread first (TensorBoard's writer) reaches the main thread at its next write,
+    which reports it in one line: the thread's own traceback would only bury that line."""
+    if not (isinstance(args.exc_value, OSError) and args.exc_value.errno in MACHINE_FAULTS):
+        threading.__excepthook__(args)
 
 
 def build_cli(args: list[str] | None, datamodule_class: type[L.LightningDataModule] = ImageDataModule) -> ProjectCLI:

@@ -1,18 +1,20 @@
 """Exact, preemption-safe resume: what Lightning's own callbacks do not do.
 
 - `LastCheckpoint`: `last.ckpt` holds a state at most `every_n_steps` optimizer steps old, the final state once
-  training ends, and the state at a SIGTERM/SIGUSR1. Lightning's `ModelCheckpoint(save_last=True)` with a monitored
-  top-k rewrites it only when a new top-k file is written, and does not write atomically. This one writes through a
-  temporary file in the same directory, fsync and rename, so a kill at any instant leaves a loadable `last.ckpt`,
-  and renames only once every step before the checkpoint's is logged. Training pays only for a copy of the state:
-  serialisation, fsyncs and the rename run in a background thread.
+  training ends, and the state at a stop signal (SIGTERM, SIGUSR1, Ctrl-C; see stop_signals.py). Lightning's
+  `ModelCheckpoint(save_last=True)` with a monitored top-k rewrites it only when a new top-k file is written. This one
+  writes atomically (durable.py: temporary file, fsync, rename), so a kill, a crash or a full disk at any instant
+  leaves a loadable `last.ckpt`, and only once every step before the checkpoint's is logged. Training pays only for
+  a copy of the state: serialisation, fsyncs and the rename run in a background thread.
 - `ResumableRNGState`: Lightning does not save the python, numpy, torch and CUDA random states; without them a
   resumed run draws different dropout masks and epoch shuffles than the run that never stopped.
+
+Depends on torch, lightning and the sibling modules durable.py and stop_signals.py.
 """
 
-import os
 import random
 import signal
+import sys
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -24,13 +26,8 @@ from lightning.pytorch.plugins.io import AsyncCheckpointIO
 from lightning.pytorch.strategies import Strategy
 from lightning_utilities.core.apply_func import apply_to_collection
 
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)  # a directory opens read-only too, and fsync then persists its entries
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+from .durable import CheckpointWriteError, DurableCheckpointIO
+from .stop_signals import STOP_SIGNALS
 
 
 def snapshot(checkpoint: dict) -> tuple[dict, torch.cuda.Event | None]:
@@ -53,39 +50,27 @@ def snapshot(checkpoint: dict) -> tuple[dict, torch.cuda.Event | None]:
     return state, event
 
 
-def write_durably(checkpoint_io, state: dict, copied: torch.cuda.Event | None, path: Path) -> None:
-    if copied is not None:
-        copied.synchronize()
-    checkpoint_io.save_checkpoint(state, path)
-    _fsync(path)
-
-
-def replace_durably(tmp_path: Path, path: Path) -> None:
-    """Rename the (already fsynced) `tmp_path` over `path` atomically, then make the rename itself durable."""
-    os.replace(tmp_path, path)
-    _fsync(path.parent)
-
-
 class LastCheckpoint(Callback):
     """Keeps `dirpath/last.ckpt` at most `every_n_steps` optimizer steps behind training, writes the final state when
-    training ends (whatever ended it), and saves the state before a preempted run exits.
+    training ends (whatever ended it), and saves the state before a stopped run exits.
 
     Args:
         dirpath: folder of `last.ckpt`; the CLI sets it to `<default_root_dir>/checkpoints`.
         every_n_steps: write whenever the optimizer step count reaches a multiple of this (0: at every epoch end
             instead). A write comes right after an optimizer step, never inside a gradient-accumulation window; one
             due on an epoch's last batch is made at the epoch end, after validation. The default, 1000, bounds
-            the loss on a crash, not on preemption (SIGTERM saves the current step). With a write every 100 steps
-            (every 1.5 s), a ResNet-18 run (141 MB state) on an H200 was 21-27% slower than with checkpointing and
-            logging off; a write at every epoch end would cost more than the training on digits (19-step epochs).
+            the loss on a crash, not on preemption (a stop signal saves the current step). With a write every 100
+            steps (every 1.5 s), a ResNet-18 run (141 MB state) on an H200 was 21-27% slower than with checkpointing
+            and logging off; a write at every epoch end would cost more than the training on digits (19-step epochs).
 
-    On SIGTERM or SIGUSR1 (what SLURM and Kubernetes send before they stop a job) training finishes the current
-    optimizer step, writes `last.ckpt` and exits with 128 + the signal number (143 for SIGTERM), so that a scheduler
-    sees a failure and requeues the job; `fit --ckpt_path last` then resumes it exactly.
+    On SIGTERM, SIGUSR1 (what SLURM and Kubernetes send before they stop a job) or Ctrl-C, training finishes the
+    current optimizer step, writes `last.ckpt` and exits with 128 + the signal number (143, 138, 130), so that a
+    scheduler sees a failure and requeues the job; `fit --ckpt_path last` then resumes it exactly. A write that fails
+    (a full disk, say) stops the run at the next optimizer step with `durable.CheckpointWriteError`; `last.ckpt` keeps
+    the previous state, byte for byte.
     """
 
     FILENAME = "last.ckpt"
-    SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
     def __init__(self, dirpath: str, every_n_steps: int = 1000) -> None:
         if every_n_steps < 0:
@@ -93,13 +78,13 @@ class LastCheckpoint(Callback):
         self.dirpath = Path(dirpath)
         self.every_n_steps = every_n_steps
         self._saved_at_step = -1
-        self._unpublished = False  # a saved state waits in last.ckpt.tmp
-        self._writer: ThreadPoolExecutor | None = None  # rank 0's writes and renames, in order
-        self._writes: list[Future] = []
+        self._staged: tuple[dict, torch.cuda.Event | None] | None = None  # a state waiting to be written
+        self._io = DurableCheckpointIO()
+        self._writer: ThreadPoolExecutor | None = None  # rank 0's writes, one at a time
+        self._write: Future | None = None
         self._step_at_batch_start = -1
-        self._received_signal: int | None = None
         self._exit_code: int | None = None
-        self._previous_handlers: dict[int, object] = {}
+        self._owns_signals = False
 
     @property
     def path(self) -> Path:
@@ -110,58 +95,98 @@ class LastCheckpoint(Callback):
         return self.dirpath / (self.FILENAME + ".tmp")
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        if stage == "fit" and isinstance(trainer.strategy.checkpoint_io, AsyncCheckpointIO):
+        if stage != "fit":
+            return
+        checkpoint_io = trainer.strategy.checkpoint_io
+        if isinstance(checkpoint_io, AsyncCheckpointIO):
             raise ValueError(
                 "trainer.plugins: AsyncCheckpointIO returns before a checkpoint is written, so last.ckpt could be "
                 "renamed into place half-written; leave it out (last.ckpt is already written in the background)"
             )
-        if stage == "fit" and trainer.is_global_zero:
+        if isinstance(checkpoint_io, DurableCheckpointIO):
+            self._io = checkpoint_io
+        if not STOP_SIGNALS.installed:  # the CLI installs them at start-up; a plain Trainer gets them here
+            STOP_SIGNALS.install()
+            self._owns_signals = True
+        if trainer.is_global_zero:
             self.dirpath.mkdir(parents=True, exist_ok=True)
             # A write killed half-way leaves only its temporary file behind; last.ckpt itself is intact.
             self.tmp_path.unlink(missing_ok=True)
             self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="last-checkpoint")
 
+    def on_sanity_check_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        STOP_SIGNALS.install()  # take the signals back from the handler Lightning has just installed
+
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # A resumed run has just loaded this step's state: writing it again would be a write mid-window.
         self._saved_at_step = trainer.global_step
-        # Replaces Lightning's own SIGTERM handler, which stops at the next batch (even inside an accumulation
-        # window) and exits with code 0, so a scheduler would not requeue the job.
-        for signum in self.SIGNALS:
-            self._previous_handlers[signum] = signal.signal(signum, self._on_signal)
-
-    def _on_signal(self, signum: int, frame) -> None:
-        self._received_signal = signum
-
-    def _publish_then_exit_if_signalled(self, trainer: L.Trainer) -> None:
-        """The hook after a save: the step's metrics are logged now, so the checkpoint can go live, and a run
-        saved for a signal exits."""
-        self._publish(trainer)
-        if self._exit_code is not None:
-            self._wait_for_writes()
-            raise SystemExit(self._exit_code)
+        STOP_SIGNALS.install()
+        STOP_SIGNALS.defer()  # from now on a signal is saved at the next optimizer step, see on_train_batch_end
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int) -> None:
-        self._publish_then_exit_if_signalled(trainer)
+        self._write_staged_then_exit_if_stopping(trainer)
         self._step_at_batch_start = trainer.global_step
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._publish_then_exit_if_signalled(trainer)
+        self._write_staged_then_exit_if_stopping(trainer)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
         step = trainer.global_step
         if step == self._step_at_batch_start:
             return  # inside an accumulation window: the optimizer has not stepped, the state is not a step's state
-        if trainer.is_last_batch:
+        stopping = self._stopping(trainer)  # (raises at once if a write failed)
+        if trainer.is_last_batch or self._training_ends(trainer):
             # A checkpoint taken after an epoch's last batch, before its validation and end, resumes inexactly
-            # (measured in tests/test_resume.py); a write due now is made at the epoch end instead.
+            # (measured in tests/test_resume.py): a write due now, or a stop, is made at the epoch end instead, or
+            # at the end of training.
             return
-        # The state is taken now but renamed into place at the next hook: Lightning logs (and flushes) this step's
-        # metrics only after this hook, and a resumed run never logs the steps before its checkpoint again.
-        if self._stop_requested(trainer):
-            self.save(trainer, publish=False)
-            self._exit_code = 128 + (self._received_signal or signal.SIGTERM)
+        # The state is taken now but written at the next hook: Lightning logs (and flushes) this step's metrics
+        # only after this hook, and a resumed run never logs the steps before its checkpoint again.
+        if stopping:
+            self._stage(trainer)
+            self._exit_code = STOP_SIGNALS.exit_code or 128 + signal.SIGTERM
         elif self._is_due(step, epoch_end=False):
-            self.save(trainer, publish=False)
+            self._stage(trainer)
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._write_staged_then_exit_if_stopping(trainer)
+        # A signal during the epoch's last batch or its validation stops here, unless training ends anyway: then
+        # on_train_end writes the final state, and the process exits with the signal's code after it.
+        if self._stopping(trainer) and not self._training_ends(trainer):
+            self._stage(trainer)
+            self._exit_code = STOP_SIGNALS.exit_code or 128 + signal.SIGTERM
+            self._write_staged_then_exit_if_stopping(trainer)
+        elif self._is_due(trainer.global_step, epoch_end=True):
+            self._stage(trainer)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # The final state, whether max_epochs, max_steps, early stopping or max_time ended training. (Saved here
+        # rather than at the last epoch end: an EarlyStopping that checks at epoch ends decides after this callback.)
+        self._write_staged(trainer)
+        if trainer.global_step != self._saved_at_step:
+            self._stage(trainer)
+            self._write_staged(trainer)
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        if not isinstance(exception, OSError):  # after a failed write, do not try another
+            self._write_staged(trainer)  # a state saved before the failing step is still a good one
+        try:
+            self._wait_for_write()
+        except CheckpointWriteError as error:
+            print(f"also: {error}", file=sys.stderr)
+        finally:
+            self._shut_down()
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if stage != "fit":
+            return
+        try:
+            self._wait_for_write()
+        finally:
+            owned_signals = self._owns_signals
+            self._shut_down()
+        if owned_signals and STOP_SIGNALS.exit_code is not None:  # a signal after the final state was saved
+            raise SystemExit(STOP_SIGNALS.exit_code)
 
     def _is_due(self, step: int, epoch_end: bool) -> bool:
         """Whether the step count has reached a multiple of `every_n_steps` since the last write."""
@@ -169,81 +194,85 @@ class LastCheckpoint(Callback):
             return epoch_end
         return step // self.every_n_steps > self._saved_at_step // self.every_n_steps
 
-    def _stop_requested(self, trainer: L.Trainer) -> bool:
-        """Whether any rank got a signal; every rank must agree, or the ranks would stop at different steps."""
-        if trainer.world_size == 1:
-            return self._received_signal is not None
-        return trainer.strategy.reduce_boolean_decision(self._received_signal is not None, all=False)
+    @staticmethod
+    def _training_ends(trainer: L.Trainer) -> bool:
+        """Whether this step or this epoch end is the last of the run (max_steps or max_epochs reached)."""
+        loop = trainer.fit_loop
+        steps_done = loop.max_steps not in (None, -1) and trainer.global_step >= loop.max_steps
+        epochs_done = loop.max_epochs not in (None, -1) and loop.epoch_progress.current.processed >= loop.max_epochs
+        return steps_done or epochs_done
 
-    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._publish_then_exit_if_signalled(trainer)
-        if self._stop_requested(trainer):  # a signal during the epoch's last batch or its validation
-            self.save(trainer)
-            self._exit_code = 128 + (self._received_signal or signal.SIGTERM)
-            self._publish_then_exit_if_signalled(trainer)
-        elif self._is_due(trainer.global_step, epoch_end=True):
-            self.save(trainer)
+    def _stopping(self, trainer: L.Trainer) -> bool:
+        """Whether to stop now: a signal reached a rank, or a write failed. Every rank must agree, or the ranks would
+        stop at different steps. A failed write raises here, on every rank."""
+        failed = self._write is not None and self._write.done() and self._write.exception() is not None
+        stop = STOP_SIGNALS.received is not None or failed
+        if trainer.world_size > 1:
+            stop = trainer.strategy.reduce_boolean_decision(stop, all=False)
+            if stop and trainer.strategy.reduce_boolean_decision(failed, all=False) and not failed:
+                raise SystemExit(f"rank {trainer.global_rank}: stopping, rank 0 could not write {self.path}")
+        if failed:
+            self._wait_for_write()  # raises the write's error
+        return stop
 
-    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # The final state, whether max_epochs, max_steps, early stopping or max_time ended training. (Saved here
-        # rather than at the last epoch end: an EarlyStopping that checks at epoch ends decides after this callback.)
-        self._publish(trainer)
-        if trainer.global_step != self._saved_at_step:
-            self.save(trainer)
+    def _stage(self, trainer: L.Trainer) -> None:
+        """Take the trainer's full state now (every rank must call this); `_write_staged` writes it."""
+        if trainer.fast_dev_run or trainer.sanity_checking:
+            return  # a smoke run must not replace a real run's checkpoint
+        self._wait_for_write()  # one write at a time, so snapshots cannot pile up in memory
+        checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)  # on every rank
+        if not self._writes_in_background(trainer):
+            self._staged = (checkpoint, None)
+        elif self._writer is not None:  # rank 0
+            self._staged = snapshot(checkpoint)
+        trainer.strategy.barrier("last_checkpoint")
+        self._saved_at_step = trainer.global_step
 
-    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
-        self._publish(trainer)  # a state saved before the failing step is still a good one
-        self._wait_for_writes()
+    @staticmethod
+    def _writes_in_background(trainer: L.Trainer) -> bool:
+        """Whether rank 0 writes the checkpoint alone (one device, DDP); FSDP and DeepSpeed write their own way, with
+        every rank taking part, so in the training thread."""
+        return type(trainer.strategy).save_checkpoint is Strategy.save_checkpoint
 
-    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        self._wait_for_writes()
+    def _write_staged(self, trainer: L.Trainer) -> None:
+        """Write the staged state to last.ckpt: called at the hook after `_stage`, once that step's metrics are
+        logged (a resumed run drops what was logged from the checkpoint's step on and logs it again)."""
+        if self._staged is None:
+            return
+        state, copied = self._staged
+        self._staged = None
+        if self._writes_in_background(trainer):
+            self._write = self._writer.submit(self._write_in_background, state, copied)
+        else:
+            trainer.strategy.save_checkpoint(state, self.path)
+
+    def _write_in_background(self, state: dict, copied: torch.cuda.Event | None) -> None:
+        if copied is not None:
+            copied.synchronize()
+        self._io.save_checkpoint(state, self.path)
+
+    def _write_staged_then_exit_if_stopping(self, trainer: L.Trainer) -> None:
+        self._write_staged(trainer)
+        if self._exit_code is not None:
+            self._wait_for_write()
+            if trainer.is_global_zero:
+                name = signal.Signals(self._exit_code - 128).name if self._exit_code > 128 else "a signal"
+                print(f"stopped by {name}: {self.path} holds step {self._saved_at_step}", file=sys.stderr)
+            raise SystemExit(self._exit_code)
+
+    def _wait_for_write(self) -> None:
+        """Block until the background write is done; raise its error (a CheckpointWriteError) here."""
+        write, self._write = self._write, None
+        if write is not None:
+            write.result()
+
+    def _shut_down(self) -> None:
         if self._writer is not None:
             self._writer.shutdown()
             self._writer = None
-        for signum, handler in self._previous_handlers.items():
-            signal.signal(signum, handler)
-        self._previous_handlers.clear()
-
-    def save(self, trainer: L.Trainer, publish: bool = True) -> None:
-        """Write the trainer's full state to `last.ckpt` atomically (every rank must call it, rank 0 writes).
-
-        With `publish=False` the state waits in `last.ckpt.tmp` until `_publish`."""
-        if trainer.fast_dev_run or trainer.sanity_checking:
-            return  # a smoke run must not replace a real run's checkpoint
-        self._wait_for_writes()  # the previous rename must be done before its temporary file is rewritten
-        if type(trainer.strategy).save_checkpoint is Strategy.save_checkpoint:  # rank 0 writes one file (1 GPU, DDP)
-            # What trainer.save_checkpoint does, but only the state is taken now; rank 0 writes it in the background.
-            # (Lightning's AsyncCheckpointIO would clone the state on the GPU and cannot say when a write is done.)
-            checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)  # on every rank
-            if self._writer is not None:
-                state, copied = snapshot(checkpoint)
-                self._in_background(write_durably, trainer.strategy.checkpoint_io, state, copied, self.tmp_path)
-        else:  # strategies that write their own way (FSDP, DeepSpeed)
-            trainer.save_checkpoint(self.tmp_path, weights_only=False)
-            self._in_background(_fsync, self.tmp_path)
-        trainer.strategy.barrier("last_checkpoint")
-        self._saved_at_step = trainer.global_step
-        self._unpublished = True
-        if publish:
-            self._publish(trainer)
-
-    def _publish(self, trainer: L.Trainer) -> None:
-        """Rename `last.ckpt.tmp` to `last.ckpt`. Called once the steps before the checkpoint's are logged: a resumed
-        run drops what was logged from the checkpoint's step on (cli.purge_tensorboard_from) and logs it again."""
-        if not self._unpublished:
-            return
-        self._in_background(replace_durably, self.tmp_path, self.path)
-        self._unpublished = False
-
-    def _in_background(self, function, *args) -> None:
-        if self._writer is not None:  # rank 0 only
-            self._writes.append(self._writer.submit(function, *args))
-
-    def _wait_for_writes(self) -> None:
-        """Block until the background writes and renames are done; raise their errors (a full disk, say) here."""
-        writes, self._writes = self._writes, []
-        for write in writes:
-            write.result()
+        if self._owns_signals:
+            STOP_SIGNALS.uninstall()
+            self._owns_signals = False
 
 
 def rng_state_tensors(device: torch.device) -> dict[str, torch.Tensor]:

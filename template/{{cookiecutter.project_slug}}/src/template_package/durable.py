@@ -1,0 +1,103 @@
+"""Checkpoint files that are complete or absent, never half-written, and write errors that say which file and why.
+
+`DurableCheckpointIO` is Lightning's TorchCheckpointIO with a different write: the checkpoint is serialised into
+`<file>.tmp` beside its target, fsynced, renamed over the target and the rename fsynced, so a crash, a kill or a full
+disk at any instant leaves the previous file intact. Lightning's own write goes through fsspec and a staging file
+that is only atomic when `$TMPDIR` is on the same filesystem, does not fsync, and reports some failures with the
+wrong cause (a folder that cannot be written as `No such file or directory`; under `ulimit -f`, EFBIG without a
+path); torch.save to a file turns a full disk into `RuntimeError: unexpected pos`.
+
+Any failure, in serialising, writing, fsyncing or renaming, removes the temporary file and raises
+`CheckpointWriteError`, which names the file and the operating system's reason (`No space left on device`).
+Depends on torch and lightning only.
+"""
+
+import contextlib
+import os
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import torch
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+
+
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written; the file it would have replaced is unchanged.
+
+    `path` is the file being written, `reason` the cause (the errno text for an OSError, whose errno it keeps).
+    """
+
+    def __init__(self, path: Path, reason: str, errno: int | None = None) -> None:
+        super().__init__(errno, reason)
+        self.path, self.reason = Path(path), reason
+
+    def __str__(self) -> str:
+        return f"cannot write the checkpoint {self.path} ({self.reason})"
+
+
+def fsync(path: Path) -> None:
+    """Flush `path` to the disk; for a folder, the entries created or renamed in it."""
+    fd = os.open(path, os.O_RDONLY)  # a folder opens read-only too
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class _KeepsWriteErrors:
+    """The file as torch.save sees it: torch turns a failed write into `RuntimeError: unexpected pos`, losing the
+    errno, so the OSError is kept here."""
+
+    def __init__(self, file: BinaryIO) -> None:
+        self.file, self.error = file, None
+
+    def write(self, data) -> int:
+        try:
+            return self.file.write(data)
+        except OSError as error:
+            self.error = error
+            raise
+
+    def flush(self) -> None:
+        self.file.flush()
+
+
+def _reason(error: BaseException) -> tuple[str, int | None]:
+    if isinstance(error, OSError) and error.strerror:
+        return error.strerror, error.errno
+    first_line = (str(error).strip().splitlines() or [""])[0]
+    return f"{type(error).__name__}: {first_line}" if first_line else type(error).__name__, None
+
+
+class DurableCheckpointIO(TorchCheckpointIO):
+    """Atomic, fsynced checkpoint writes whose failures name the file; reads as Lightning's TorchCheckpointIO.
+
+    Subclasses may override `write` to serialise another way (the tests inject write faults there).
+    """
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Any | None = None) -> None:
+        if storage_options is not None:
+            raise TypeError(f"{type(self).__name__} takes no storage_options")
+        path = Path(path)
+        tmp = path.with_name(path.name + ".tmp")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(tmp, "wb") as file:
+                writer = _KeepsWriteErrors(file)
+                try:
+                    self.write(checkpoint, writer)
+                except RuntimeError as error:  # torch.save's wrapping of a failed write
+                    raise (writer.error or error) from None
+                file.flush()
+                os.fsync(file.fileno())
+            os.replace(tmp, path)
+            fsync(path.parent)  # the rename itself survives a power cut
+        except BaseException as error:
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
+            if isinstance(error, Exception):
+                raise CheckpointWriteError(path, *_reason(error)) from error
+            raise  # KeyboardInterrupt, SystemExit: not a write error
+
+    def write(self, checkpoint: dict[str, Any], file: BinaryIO) -> None:
+        torch.save(checkpoint, file)
