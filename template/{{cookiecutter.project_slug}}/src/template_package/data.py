@@ -11,7 +11,7 @@ from pathlib import Path
 
 import lightning as L
 import torch
-from torch.utils.data import Dataset, Sampler, TensorDataset
+from torch.utils.data import Dataset, DistributedSampler, TensorDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -59,30 +59,33 @@ def image_folder_transforms(image_size: int):
     return train, evaluate
 
 
-class EpochShuffleSampler(Sampler):
-    """Shuffles with a permutation that depends on (seed, epoch) alone.
+class EpochShuffleSampler(DistributedSampler):
+    """Shuffles with a permutation that depends on (seed, epoch) alone, and gives each of `num_replicas` processes its
+    own share of it: torch's DistributedSampler with drop_last, whose order is `torch.randperm` seeded with
+    seed + epoch.
 
     Lightning calls `set_epoch` at every epoch start, after a resume too, so a run resumed at an epoch boundary
     shuffles like the run that never stopped; mid-epoch, StatefulDataLoader fast-forwards through the same
     permutation. torchdata's RandomSampler keeps a generator whose state at an epoch boundary is not restored: a run
-    resumed there trained on a different order (measured in tests/test_resume.py).
+    resumed there trained on a different order (measured in tests/test_resume.py). Being a DistributedSampler, it is
+    used as is under DDP: Lightning would wrap any other sampler in its DistributedSamplerWrapper, which passes
+    `set_epoch` to itself only, so every epoch replayed the first epoch's order (found by a 2-node run resumed at an
+    epoch boundary, tests/test_scale_out.py).
 
     With `batch_size`, it yields whole batches of indices (the last partial one dropped) for a loader with
     `batch_size=None`: a TensorDataset then gathers a batch with one index operation per tensor.
     """
 
-    def __init__(self, num_samples: int, seed: int, batch_size: int | None = None) -> None:
-        self.num_samples, self.seed, self.batch_size, self.epoch = num_samples, seed, batch_size, 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
+    def __init__(
+        self, num_samples: int, seed: int, batch_size: int | None = None, num_replicas: int = 1, rank: int = 0
+    ) -> None:
+        super().__init__(range(num_samples), num_replicas, rank, shuffle=True, seed=seed, drop_last=True)
+        self.batch_size = batch_size
 
     def __iter__(self):
-        generator = torch.Generator().manual_seed(self.seed + self.epoch)
-        order = torch.randperm(self.num_samples, generator=generator).tolist()
         if self.batch_size is None:
-            return iter(order)
-        size = self.batch_size
+            return super().__iter__()
+        order, size = list(super().__iter__()), self.batch_size
         return (order[i * size : (i + 1) * size] for i in range(len(self)))
 
     def __len__(self) -> int:
@@ -178,7 +181,10 @@ class ImageDataModule(L.LightningDataModule):
             # In-memory tensors are gathered a batch at a time: one index operation instead of batch_size
             # __getitem__ calls and a stack, which cost ~1 ms, 6% of a digits step on 2 CPU cores.
             in_memory = isinstance(dataset, TensorDataset)
-            sampler = EpochShuffleSampler(len(dataset), torch.initial_seed(), batch_size if in_memory else None)
+            replicas, rank = (self.trainer.world_size, self.trainer.global_rank) if self.trainer else (1, 0)
+            sampler = EpochShuffleSampler(
+                len(dataset), torch.initial_seed(), batch_size if in_memory else None, replicas, rank
+            )
             batch_size = None if in_memory else batch_size
         return StatefulDataLoader(
             dataset,
