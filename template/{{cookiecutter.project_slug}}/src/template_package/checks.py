@@ -106,11 +106,9 @@ def check_checkpoint(ckpt_path: str, weights_only: bool | None) -> dict | None:
     return checkpoint
 
 
-def check_architecture(ckpt_path: str, model: L.LightningModule) -> None:
+def check_architecture(ckpt_path: str, checkpoint: dict, model: L.LightningModule) -> None:
     """Name the weights that do not fit this model, instead of Lightning's page-long load_state_dict error."""
-    if not Path(ckpt_path).is_file():
-        return
-    saved = torch.load(ckpt_path, map_location="cpu", weights_only=True, mmap=True)["state_dict"]
+    saved = checkpoint["state_dict"]
     expected = model.state_dict()
     problems = [f"missing {k}" for k in expected if k not in saved]
     problems += [f"unexpected {k}" for k in saved if k not in expected]
@@ -124,4 +122,17 @@ def check_architecture(ckpt_path: str, model: L.LightningModule) -> None:
             f"error: --ckpt_path {ckpt_path} is for another architecture ({'; '.join(problems[:3])}"
             f"{f' and {len(problems) - 3} more' if len(problems) > 3 else ''}): "
             "check --model.arch and the data, or load partial weights with strict=False (see README)"
+        )
+
+
+def check_world_size(ckpt_path: str, checkpoint: dict, world_size: int) -> None:
+    """Refuse to resume a run on another number of processes. Each rank's random state and data position, the shard
+    of every epoch each rank reads and the number of optimizer steps per epoch (so the LR schedule) all follow from
+    the world size: with another one the run goes on, but neither exactly nor on its schedule."""
+    rng_states = checkpoint.get("rng_states")  # one row per rank (resume.ResumableRNGState)
+    saved = len(rng_states["torch"]) if rng_states else None
+    if saved is not None and saved != world_size:
+        raise SystemExit(
+            f"error: --ckpt_path {ckpt_path} was saved by {saved} processes and this run has {world_size} "
+            f"(trainer.num_nodes x trainer.devices): resume it on {saved}, the only way it goes on exactly"
         )

@@ -23,7 +23,14 @@ from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 
 from .callbacks import PredictionsCSV
-from .checks import check_architecture, check_checkpoint, check_run_dir_writable, explain_parse_error, lock_run_dir
+from .checks import (
+    check_architecture,
+    check_checkpoint,
+    check_run_dir_writable,
+    check_world_size,
+    explain_parse_error,
+    lock_run_dir,
+)
 from .data import ImageDataModule
 from .durable import DurableCheckpointIO
 from .errors import MACHINE_FAULTS, is_a_users_mistake, one_line
@@ -158,6 +165,7 @@ class ProjectCLI(LightningCLI):
     def __init__(self, *args, **kwargs) -> None:
         self.run_lock: RunLock | None = None
         self.run_dir: Path | None = None  # fit's, once parsed
+        self.checkpoint: dict | None = None  # --ckpt_path, memory-mapped, once parsed
         try:
             super().__init__(*args, **kwargs)  # parses, builds and runs the subcommand
         except Exception as error:
@@ -197,17 +205,21 @@ class ProjectCLI(LightningCLI):
                 check_run_dir_writable(root)
             self.run_dir = root
             resolve_resume(config)
-        checkpoint = check_checkpoint(config.ckpt_path, config.weights_only) if config.ckpt_path else None
+        self.checkpoint = check_checkpoint(config.ckpt_path, config.weights_only) if config.ckpt_path else None
         if subcommand == "fit":
-            purge_tensorboard_from(config, checkpoint["global_step"] if checkpoint else 0)
+            purge_tensorboard_from(config, self.checkpoint["global_step"] if self.checkpoint else 0)
 
     def _check_architecture(self) -> None:
         """After the model is built: does the checkpoint fit it? One line instead of load_state_dict's page."""
-        ckpt_path = self.config_init[self.subcommand].get("ckpt_path")
-        if ckpt_path:
-            check_architecture(ckpt_path, self.model)
+        if self.checkpoint is not None:
+            check_architecture(self.config_init[self.subcommand].ckpt_path, self.checkpoint, self.model)
 
-    before_fit = before_validate = before_test = before_predict = _check_architecture
+    before_validate = before_test = before_predict = _check_architecture
+
+    def before_fit(self) -> None:
+        self._check_architecture()
+        if self.checkpoint is not None:  # the trainer knows its world size now, before any process is started
+            check_world_size(self.config_init["fit"].ckpt_path, self.checkpoint, self.trainer.world_size)
 
     def after_fit(self) -> None:
         if self.trainer.is_global_zero and not self.trainer.fast_dev_run:

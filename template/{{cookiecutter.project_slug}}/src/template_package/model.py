@@ -108,7 +108,7 @@ class ImageClassifier(L.LightningModule):
         images, targets = batch
         logits = self(images)
         self.val_acc.update(logits, targets)
-        self.log("val/loss", self._loss(logits, targets), prog_bar=True)
+        self.log("val/loss", self._loss(logits, targets), prog_bar=True, sync_dist=True)  # the mean over all ranks
         self.log("val/acc", self.val_acc, prog_bar=True)
         return logits  # for callbacks, e.g. ConfusionMatrixImage
 
@@ -116,7 +116,7 @@ class ImageClassifier(L.LightningModule):
         images, targets = batch
         logits = self(images)
         self.test_acc.update(logits, targets)
-        self.log("test/loss", self._loss(logits, targets))
+        self.log("test/loss", self._loss(logits, targets), sync_dist=True)
         self.log("test/acc", self.test_acc)
 
     def predict_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:

@@ -304,6 +304,14 @@ def set_rng_state_tensors(states: dict[str, torch.Tensor], device: torch.device)
         torch.cuda.set_rng_state(states["cuda"].to(torch.uint8), device)
 
 
+def gather_rows(tensor: torch.Tensor, world_size: int) -> torch.Tensor:
+    """Every rank's `tensor`, stacked in rank order, on the CPU. (torch.distributed directly: Lightning's
+    strategy.all_gather goes through a deprecated autograd-aware all_gather that warns at every checkpoint.)"""
+    rows = [torch.empty_like(tensor) for _ in range(world_size)]
+    torch.distributed.all_gather(rows, tensor)
+    return torch.stack(rows).cpu()
+
+
 class ResumableRNGState(Callback):
     """Saves every rank's RNG states in each checkpoint and restores them when training resumes.
 
@@ -317,7 +325,7 @@ class ResumableRNGState(Callback):
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
         states = rng_state_tensors(pl_module.device)
         if trainer.world_size > 1:  # one row per rank; rank 0 writes them all
-            states = {k: trainer.strategy.all_gather(v.to(pl_module.device)).cpu() for k, v in states.items()}
+            states = {k: gather_rows(v.to(pl_module.device), trainer.world_size) for k, v in states.items()}
         else:
             states = {k: v.unsqueeze(0) for k, v in states.items()}
         checkpoint["rng_states"] = states
@@ -327,6 +335,9 @@ class ResumableRNGState(Callback):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._to_restore is not None:
+            saved = len(self._to_restore["torch"])
+            if saved != trainer.world_size:
+                raise ValueError(f"the checkpoint was saved by {saved} processes and this run has {trainer.world_size}")
             rank = trainer.global_rank
             set_rng_state_tensors({k: v[rank] for k, v in self._to_restore.items()}, pl_module.device)
             self._to_restore = None
