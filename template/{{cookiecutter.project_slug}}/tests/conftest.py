@@ -1,6 +1,8 @@
 """Shared helpers: run the real CLI in-process with a tiny budget, or as `python -m` in a subprocess."""
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -19,6 +21,27 @@ QUICK = ["--trainer.max_epochs=2", "--trainer.limit_train_batches=6", "--trainer
 @pytest.fixture
 def run_dir(tmp_path: Path) -> Path:
     return tmp_path / "run"
+
+
+# Processes a test started in a session of their own (see started()); whatever is left of them when the test ends,
+# passed or failed (a run frozen at a kill point, say), is SIGKILLed with its whole process group.
+STARTED: list[subprocess.Popen] = []
+
+
+def started(process: subprocess.Popen) -> subprocess.Popen:
+    STARTED.append(process)
+    return process
+
+
+@pytest.fixture(autouse=True)
+def stop_what_the_test_started():
+    yield
+    while STARTED:
+        process = STARTED.pop()
+        if process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
 
 
 def cli(*args: str):

@@ -6,6 +6,7 @@ a crash or an out-of-memory kill would. Used by test_resume.py through `--traine
 
 import os
 import signal
+import time
 from pathlib import Path
 
 import lightning as L
@@ -16,8 +17,9 @@ class FreezeAt(Callback):
     """Freeze at `hook` once the trainer's global step reaches `step` (and, if given, at batch `batch_idx`).
 
     hook: on_train_batch_end, on_train_epoch_start, on_train_epoch_end or on_validation_batch_end (inside a checkpoint
-    write: faults.StallingCheckpointIO). It freezes once. flush_logs: flush the loggers first, so what was logged so
-    far is on disk when the process is killed.
+    write: faults.StallingCheckpointIO). It freezes once per marker, so a requeued or restarted run with the same
+    options goes on. flush_logs: flush the loggers first, so what was logged so far is on disk when the process is
+    killed.
     """
 
     def __init__(
@@ -37,6 +39,8 @@ class FreezeAt(Callback):
     def _maybe_freeze(self, trainer: L.Trainer, hook: str, batch_idx: int | None = None) -> None:
         if hook != self.hook or trainer.global_step < self.step or not trainer.is_global_zero:
             return
+        if self.marker.exists():
+            return  # frozen before: a requeued or restarted run goes on
         if self.batch_idx is None or batch_idx == self.batch_idx:
             self._freeze(trainer)
 
@@ -52,3 +56,17 @@ class FreezeAt(Callback):
     def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
         if not trainer.sanity_checking:
             self._maybe_freeze(trainer, "on_validation_batch_end", batch_idx)
+
+
+class KillRankAt(Callback):
+    """SIGKILLs this process, if it is global rank `rank`, at the end of the batch that brings the global step to
+    `step`, the way a crash or the out-of-memory killer ends one rank of a job. Once per marker: it writes `marker`
+    (the time of the kill) first, and a restarted process that finds it goes on."""
+
+    def __init__(self, marker: str, rank: int, step: int) -> None:
+        self.marker, self.rank, self.step = Path(marker), rank, step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_rank == self.rank and trainer.global_step >= self.step and not self.marker.exists():
+            self.marker.write_text(str(time.time()))
+            os.kill(os.getpid(), signal.SIGKILL)

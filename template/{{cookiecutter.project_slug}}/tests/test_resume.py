@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import PROJECT_ROOT, extra_config, scalars
+from conftest import PROJECT_ROOT, extra_config, scalars, started
 
 pytestmark = pytest.mark.slow
 TESTS = Path(__file__).resolve().parent
@@ -22,15 +22,17 @@ BASE = [
     "--trainer.enable_progress_bar=false",
     "--trainer.enable_model_summary=false",
 ]
+# 2-process DDP on CPU, started by Lightning's own launcher.
+DDP = ["--trainer.strategy=ddp", "--trainer.accelerator=cpu", "--trainer.devices=2"]
 
 
 def start_fit(run_dir: Path, *args: str) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(PROJECT_ROOT / "src"), str(TESTS)])}
-    return subprocess.Popen(
+    return started(subprocess.Popen(
         [sys.executable, "-m", "template_package", "fit", f"--trainer.default_root_dir={run_dir}", *BASE, *args],
         cwd=PROJECT_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         start_new_session=True,  # its own process group: a kill reaches every DDP rank and loader worker
-    )  # fmt: skip
+    ))  # fmt: skip
 
 
 def finish(process: subprocess.Popen, timeout: float = 300) -> None:
@@ -208,8 +210,7 @@ def test_preemption_signal_saves_at_the_next_optimizer_step_and_exits_non_zero(
 
 
 def test_ddp_two_processes_resume_bit_identical(tmp_path, tmp_path_factory):
-    args = ["--trainer.strategy=ddp", "--trainer.accelerator=cpu", "--trainer.devices=2"]
-    run_dir = assert_kill_and_resume_exact(tmp_path, tmp_path_factory, args, hook="on_train_batch_end", step=6)
+    run_dir = assert_kill_and_resume_exact(tmp_path, tmp_path_factory, DDP, hook="on_train_batch_end", step=6)
     checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
     assert checkpoint["rng_states"]["torch"].shape[0] == 2  # one RNG state per rank
 
