@@ -8,7 +8,10 @@ import pytest
 
 from bakery import PRESETS, TEMPLATE, preset_context, run
 
-OPTIONAL_FILES = {"include_slurm": "scripts/slurm.sbatch", "include_github_actions": ".github/workflows/tests.yml"}
+OPTIONAL_FILES = {
+    "include_slurm": ["scripts/slurm.sbatch", "tests/test_slurm.py"],
+    "include_github_actions": [".github/workflows/tests.yml"],
+}
 
 
 @pytest.fixture(params=PRESETS, ids=[p.stem for p in PRESETS])
@@ -30,8 +33,9 @@ def test_preset_bakes_a_complete_clean_project(baked):
     assert (project / "src" / package / "model.py").is_file()
     assert not (project / "src" / "template_package").exists()
     assert not [p for p in files if "__pycache__" in p.parts or p.suffix == ".ckpt"]
-    for option, relative in OPTIONAL_FILES.items():
-        assert (project / relative).is_file() == (context[option] == "yes"), relative
+    for option, paths in OPTIONAL_FILES.items():
+        for relative in paths:
+            assert (project / relative).is_file() == (context[option] == "yes"), relative
     assert f'name = "{context["project_slug"]}"' in (project / "pyproject.toml").read_text()
     assert f"python -m {package} fit" in (project / "README.md").read_text()
     assert context["author_name"] in (project / "LICENSE").read_text()

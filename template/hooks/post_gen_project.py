@@ -9,7 +9,10 @@ from pathlib import Path
 
 PLACEHOLDER = "template_package"
 TEXT_SUFFIXES = {".py", ".yaml", ".yml", ".toml", ".md", ".cfg", ".txt", ".sh", ".sbatch"}
-OPTIONAL_PATHS = {"include_slurm": ["scripts/slurm.sbatch"], "include_github_actions": [".github"]}
+OPTIONAL_PATHS = {
+    "include_slurm": ["scripts/slurm.sbatch", "tests/test_slurm.py"],
+    "include_github_actions": [".github"],
+}
 JUNK = ("__pycache__", ".pytest_cache", ".ruff_cache", "lightning_logs", "runs", "*.egg-info")
 
 
