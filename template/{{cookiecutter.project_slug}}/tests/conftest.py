@@ -74,12 +74,14 @@ def scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
     return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
 
 
-def extra_config(path: Path, callbacks: list[dict] = (), plugins: list[dict] = ()) -> str:
-    """Write a `--config` file that adds test-only callbacks and Trainer plugins ({"class_path", "init_args"}) to a
+def extra_config(path: Path, callbacks: list[dict] = (), plugins: list[dict] = (), loggers: list[dict] = ()) -> str:
+    """Write a `--config` file that adds callbacks, loggers and Trainer plugins ({"class_path", "init_args"}) to a
     run; returns its path."""
     trainer = {}
     if callbacks:
         trainer["callbacks+"] = list(callbacks)
+    if loggers:
+        trainer["logger+"] = list(loggers)
     if plugins:
         trainer["plugins"] = list(plugins)
     path.write_text(yaml.safe_dump({"trainer": trainer}))

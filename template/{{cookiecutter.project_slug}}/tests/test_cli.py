@@ -190,7 +190,7 @@ def confusion_matrix_image(run_dir: Path):
     return np.asarray(Image.open(io.BytesIO(encoded)).convert("L"))
 
 
-@pytest.mark.parametrize("preset", ["fsdp.yaml", "ddp.yaml", "fast.yaml", "compile.yaml"])
+@pytest.mark.parametrize("preset", ["fsdp.yaml", "ddp.yaml", "fast.yaml", "compile.yaml", "mlflow.yaml", "csv.yaml"])
 def test_every_preset_parses(preset: str, capsys):
     with pytest.raises(SystemExit) as exit_info:
         cli("fit", "-c", str(PROJECT_ROOT / "configs" / preset), "--print_config")

@@ -5,6 +5,7 @@ Each check names the bad value and what would be valid, and runs before anything
 
 import difflib
 import errno
+import importlib.util
 import pickle
 import re
 import sys
@@ -136,3 +137,17 @@ def check_world_size(ckpt_path: str, checkpoint: dict, world_size: int) -> None:
             f"error: --ckpt_path {ckpt_path} was saved by {saved} processes and this run has {world_size} "
             f"(trainer.num_nodes x trainer.devices): resume it on {saved}, the only way it goes on exactly"
         )
+
+
+# Loggers that need an optional dependency, and the extra that brings it.
+LOGGER_EXTRAS = {"RunMLFlowLogger": ("mlflow", "mlflow")}
+
+
+def check_logger_extras(loggers) -> None:
+    """A preset whose logger needs an extra that is not installed costs one line naming the pip install (jsonargparse
+    would bury the logger's own message in a page about Union types)."""
+    for logger in loggers if isinstance(loggers, list) else [loggers]:
+        name = str(getattr(logger, "class_path", "")).rsplit(".", 1)[-1]
+        if name in LOGGER_EXTRAS and importlib.util.find_spec(LOGGER_EXTRAS[name][0]) is None:
+            module, extra = LOGGER_EXTRAS[name]
+            raise SystemExit(f'error: {name} needs {module}, which is not installed: pip install -e ".[{extra}]"')

@@ -9,6 +9,7 @@ events, and `fit --ckpt_path last` resumes that run, or starts it when there is 
 import functools
 import logging
 import os
+import sys
 import threading
 import warnings
 from argparse import ArgumentError
@@ -26,6 +27,7 @@ from .callbacks import PredictionsCSV
 from .checks import (
     check_architecture,
     check_checkpoint,
+    check_logger_extras,
     check_run_dir_writable,
     check_world_size,
     explain_parse_error,
@@ -36,6 +38,7 @@ from .durable import DurableCheckpointIO
 from .errors import MACHINE_FAULTS, is_a_users_mistake, one_line
 from .model import ImageClassifier
 from .resume import LastCheckpoint
+from .run_directory import checkpoint_dir, configure_loggers, predictions_csv, resolve_resume, run_report
 from .run_lock import RunLock, is_global_rank_zero
 from .stop_signals import STOP_SIGNALS
 
@@ -185,7 +188,6 @@ class ProjectCLI(LightningCLI):
         for key in ("checkpoint.dirpath", "last_checkpoint.dirpath"):
             parser.link_arguments("trainer.default_root_dir", key, compute_fn=checkpoint_dir)
         parser.link_arguments("trainer.default_root_dir", "predictions.path", compute_fn=predictions_csv)
-        parser.link_arguments("trainer.default_root_dir", "trainer.logger.init_args.save_dir")
         # The network's shape follows the data.
         parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
         parser.link_arguments("data.in_channels", "model.in_channels", apply_on="instantiate")
@@ -206,8 +208,9 @@ class ProjectCLI(LightningCLI):
             self.run_dir = root
             resolve_resume(config)
         self.checkpoint = check_checkpoint(config.ckpt_path, config.weights_only) if config.ckpt_path else None
-        if subcommand == "fit":
-            purge_tensorboard_from(config, self.checkpoint["global_step"] if self.checkpoint else 0)
+        resumed_step = (self.checkpoint["global_step"] if self.checkpoint else 0) if subcommand == "fit" else None
+        check_logger_extras(config.trainer.logger)
+        configure_loggers(config, resumed_step)
 
     def _check_architecture(self) -> None:
         """After the model is built: does the checkpoint fit it? One line instead of load_state_dict's page."""
@@ -226,60 +229,14 @@ class ProjectCLI(LightningCLI):
             print(run_report(self.trainer, Path(self.config_init["fit"].trainer.default_root_dir)))
 
 
-def run_report(trainer: L.Trainer, run_dir: Path) -> str:
-    """What a finished fit got and where it is, printed whether a progress bar showed it or not."""
-    lines = []
-    best = trainer.checkpoint_callback
-    if best is not None and best.monitor and best.monitor in trainer.callback_metrics:
-        final = f"{best.monitor} {float(trainer.callback_metrics[best.monitor]):.4f} at the end"
-        if best.best_model_path:
-            final += f", best {float(best.best_model_score):.4f}: {best.best_model_path}"
-        lines.append(final)
-    last = run_dir / "checkpoints" / LastCheckpoint.FILENAME
-    if last.is_file():
-        lines.append(f"last state (step {trainer.global_step}): {last}; continue it with --ckpt_path last")
-    lines.append(f"look at the run: tensorboard --logdir {run_dir}")
-    return "\n".join(lines)
-
-
-def resolve_resume(config) -> None:
-    """Turn `--ckpt_path last` into this run's last.ckpt, and keep a fresh fit from overwriting a run."""
-    last = Path(config.last_checkpoint.dirpath) / LastCheckpoint.FILENAME
-    if config.ckpt_path == "last":
-        if last.is_file():
-            config.ckpt_path = str(last)
-        else:
-            print(f"fit --ckpt_path last: no {last} yet, starting a fresh run")
-            config.ckpt_path = None
-    elif config.ckpt_path is None and last.is_file():
-        raise SystemExit(
-            f"error: {last.parent.parent} already holds a run ({last}): resume it with --ckpt_path last, "
-            "or give a new --trainer.default_root_dir"
-        )
-
-
-def purge_tensorboard_from(config, global_step: int) -> None:
-    """TensorBoard hides what earlier processes logged in this run directory at `global_step` or later: what an
-    interrupted run logged after its checkpoint, or, on a fresh start (0), everything a run killed before its first
-    checkpoint logged. So no step appears twice. (With one optimizer the logger's step is the optimizer step.)"""
-    logger = config.trainer.logger
-    if getattr(logger, "class_path", "").endswith("TensorBoardLogger"):
-        logger.init_args.purge_step = global_step
-
-
-def checkpoint_dir(root_dir: str) -> str:
-    return str(Path(root_dir) / "checkpoints")
-
-
-def predictions_csv(root_dir: str) -> str:
-    return str(Path(root_dir) / "predictions.csv")
-
-
 def main(args: list[str] | None = None) -> ProjectCLI:
     """Parse `args` (default: sys.argv) and run the subcommand.
 
     A mistake in what was given ends with one line (`TRACEBACK=1` shows the traceback too), a bug with its traceback
     (errors.py, ProjectCLI); a stop signal ends the process with 128 + its number (stop_signals.py)."""
+    command = sys.argv[1:] if args is None else args  # (LightningCLI warns when given sys.argv as args)
+    if command[:1] == ["sweep"]:
+        return sweep(command[1:])
     quiet_third_party_notices()
     threading.excepthook = _machine_faults_are_reported_once
     STOP_SIGNALS.install()
@@ -296,6 +253,15 @@ def main(args: list[str] | None = None) -> ProjectCLI:
     if exit_code is not None:  # a signal after training had ended: its final state is saved
         raise SystemExit(exit_code)
     return cli
+
+
+def sweep(args: list[str]) -> None:
+    """`python -m <package> sweep`: see sweep.py (imported only here: Optuna is an extra)."""
+    try:
+        from .sweep import main
+    except ModuleNotFoundError as missing:
+        raise SystemExit(f'error: sweep needs {missing.name}: pip install -e ".[sweep]"') from None
+    main(args)
 
 
 def quiet_third_party_notices() -> None:

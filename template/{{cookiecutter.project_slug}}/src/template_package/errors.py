@@ -44,7 +44,7 @@ def is_a_users_mistake(error: BaseException) -> bool:
         return True
     if isinstance(error, OSError) and error.errno in MACHINE_FAULTS:
         return True
-    if not isinstance(error, ValueError | OSError | FloatingPointError):
+    if not isinstance(error, ValueError | OSError | FloatingPointError | ImportError):
         return False
     if "Original Traceback" in str(error):  # from a loader worker: its innermost frame, from the text
         frames = WORKER_FRAME.findall(str(error))

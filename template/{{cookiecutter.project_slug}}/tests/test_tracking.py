@@ -1,0 +1,59 @@
+"""Experiment tracking that resumes with its run (configs/mlflow.yaml, configs/csv.yaml): a run killed and resumed
+shows each step once, none missing, with the values of the run that never stopped; read back with MlflowClient."""
+
+import csv
+from pathlib import Path
+
+import pytest
+from conftest import cli, extra_config
+from test_resume import assert_same_run, reference_run, run_killed_and_resumed
+
+mlflow = pytest.importorskip("mlflow", reason='MLflow tracking needs the mlflow extra: pip install -e ".[mlflow]"')
+
+
+@pytest.fixture(scope="module")
+def tracking(tmp_path_factory) -> tuple[list[str], str]:
+    """The fit options that add MLflow (a SQLite store of this test module's) and CSV to TensorBoard, and that
+    store's URI."""
+    folder = tmp_path_factory.mktemp("tracking")
+    uri = f"sqlite:///{folder / 'mlflow.db'}"
+    loggers = [{"class_path": "template_package.loggers.RunMLFlowLogger", "init_args": {"tracking_uri": uri}},
+               {"class_path": "template_package.loggers.RunCSVLogger"}]  # fmt: skip
+    return ["-c", extra_config(folder / "tracking.yaml", loggers=loggers)], uri
+
+
+def mlflow_series(uri: str, run_dir: Path, key: str) -> list[tuple[int, float]]:
+    client = mlflow.MlflowClient(uri)
+    [run] = client.search_runs([client.get_experiment_by_name("default").experiment_id],
+                               filter_string=f"tags.run_dir = '{run_dir.resolve()}'")  # fmt: skip
+    return sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, key))
+
+
+def csv_series(run_dir: Path, key: str) -> list[tuple[int, float]]:
+    with (run_dir / "metrics.csv").open() as file:
+        return [(int(row["step"]), float(row[key])) for row in csv.DictReader(file) if row.get(key)]
+
+
+@pytest.mark.slow
+def test_a_killed_and_resumed_run_logs_each_step_once_to_mlflow_and_csv(tmp_path, tmp_path_factory, tracking):
+    args, uri = tracking
+    reference = reference_run(tmp_path_factory, args)
+    run_dir = tmp_path / "run"
+    run_killed_and_resumed(tmp_path, run_dir, args, hook="on_train_batch_end", step=12)  # last.ckpt holds step 10
+    assert_same_run(reference, run_dir)  # the weights, and TensorBoard's series
+    for key in ("train/loss", "val/acc", "lr"):
+        expected = mlflow_series(uri, reference, key)
+        assert len(expected) >= 3 and len({step for step, _ in expected}) == len(expected)
+        assert mlflow_series(uri, run_dir, key) == expected, key  # one MLflow run, each step once, same values
+        assert csv_series(run_dir, key) == csv_series(reference, key) == expected, key
+
+
+def test_a_missing_tracking_extra_costs_one_line(run_dir, monkeypatch):
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "mlflow" else find_spec(name, *a))
+    config = Path(__file__).resolve().parents[1] / "configs" / "mlflow.yaml"
+    with pytest.raises(SystemExit) as stop:
+        cli("fit", "-c", str(config), f"--trainer.default_root_dir={run_dir}")
+    assert stop.value.code == 'error: RunMLFlowLogger needs mlflow, which is not installed: pip install -e ".[mlflow]"'
