@@ -41,13 +41,12 @@ class RunDirectoryBusy(RuntimeError):
 
 
 class RunLock:
-    """An exclusive lock on a run directory, held from `acquire` until `release` or the end of the process."""
+    """An exclusive lock on a run directory (the file `filename` in it), held from `acquire` until `release` or the
+    end of the process."""
 
-    FILENAME = ".lock"
-
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, filename: str = ".lock") -> None:
         self.run_dir = Path(run_dir)
-        self.path = self.run_dir / self.FILENAME
+        self.path = self.run_dir / filename
         self._fd: int | None = None
 
     def acquire(self) -> None:
