@@ -39,11 +39,15 @@ def train_epochs(
     precision: str = "32-true",
     device: str = "cpu",
     memory_format: torch.memory_format = torch.contiguous_format,
+    ema: dict[str, torch.Tensor] | None = None,
+    ema_decay: float = 0.99,
 ) -> Iterator[list[float]]:
     """Train `net` in place, one epoch per iteration, yielding the epoch's loss of the last batch of every optimizer
     step. (benchmarks/overhead.py runs the epochs one at a time, alternating with the Trainer's.)
 
-    `memory_format=torch.channels_last` lays out weights and images as NHWC."""
+    `memory_format=torch.channels_last` lays out weights and images as NHWC. With `ema` (an empty dict), it is filled
+    with an exponential moving average of every parameter and buffer: a copy after the first optimizer step, then
+    ema = decay * ema + (1 - decay) * value after each one."""
     net.to(device, memory_format=memory_format).train()
     decay = [p for p in net.parameters() if p.ndim >= 2]  # weight matrices and conv kernels
     no_decay = [p for p in net.parameters() if p.ndim < 2]  # biases and norm scales/shifts
@@ -78,6 +82,19 @@ def train_epochs(
             scaler.step(optimizer)
             scaler.update()
             optimizer.zero_grad(set_to_none=True)
+            if ema is not None:
+                update_ema(ema, net, ema_decay)
             losses.append(loss.item())
             step += 1
         yield losses
+
+
+@torch.no_grad()
+def update_ema(ema: dict[str, torch.Tensor], net: nn.Module, decay: float) -> None:
+    for name, value in [*net.named_parameters(), *net.named_buffers()]:
+        if name not in ema:
+            ema[name] = value.detach().clone()
+        elif value.is_floating_point():
+            ema[name].mul_(decay).add_(value.detach(), alpha=1 - decay)
+        else:  # BatchNorm's step counter: averaged as a number, kept an integer
+            ema[name].copy_((decay * ema[name] + (1 - decay) * value).to(value.dtype))

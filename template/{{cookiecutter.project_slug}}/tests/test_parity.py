@@ -19,32 +19,51 @@ import reference_loop  # noqa: E402
 RECIPE = {"epochs": 3, "accumulate": 4, "lr": 3e-3, "weight_decay": 0.05, "warmup": 0.3, "clip_norm": 0.5}
 
 
-def reference_run(precision: str) -> tuple[list[float], dict[str, torch.Tensor]]:
+def reference_run(precision: str, ema: dict | None = None) -> tuple[list[float], dict[str, torch.Tensor]]:
     L.seed_everything(42)
     net = copy.deepcopy(ImageClassifier().net)  # the same initial weights the CLI's model gets with seed 42
     data = ImageDataModule()
     data.setup("fit")
-    losses = reference_loop.train(net, data.train_dataloader(), precision=precision, **RECIPE)
+    losses = reference_loop.train(net, data.train_dataloader(), precision=precision, ema=ema, **RECIPE)
     return losses, net.state_dict()
 
 
-@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
-def test_trainer_matches_the_hand_written_loop(tmp_path, precision):
-    ref_losses, ref_weights = reference_run(precision)
+def trainer_run(tmp_path, precision: str, *args: str) -> tuple[list[float], dict]:
     cli(
         "fit", f"--trainer.default_root_dir={tmp_path}", f"--trainer.precision={precision}",
         f"--trainer.max_epochs={RECIPE['epochs']}", f"--trainer.accumulate_grad_batches={RECIPE['accumulate']}",
         f"--trainer.gradient_clip_val={RECIPE['clip_norm']}", f"--model.lr={RECIPE['lr']}",
         f"--model.weight_decay={RECIPE['weight_decay']}", f"--model.warmup={RECIPE['warmup']}",
         "--trainer.limit_val_batches=0", "--trainer.num_sanity_val_steps=0", "--trainer.log_every_n_steps=1",
-        "--trainer.enable_progress_bar=false",
+        "--trainer.enable_progress_bar=false", *args,
     )  # fmt: skip
     losses = [value for _, value in scalars(tmp_path)["train/loss"]]
+    return losses, torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
+
+
+def max_difference(saved: dict[str, torch.Tensor], reference: dict[str, torch.Tensor]) -> float:
+    return max((saved[f"net.{k}"].double() - v.double()).abs().max().item() for k, v in reference.items())
+
+
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
+def test_trainer_matches_the_hand_written_loop(tmp_path, precision):
+    ref_losses, ref_weights = reference_run(precision)
+    losses, checkpoint = trainer_run(tmp_path, precision)
     assert len(losses) == len(ref_losses) == 3 * 5  # ceil(19 / 4) = 5 optimizer steps per epoch
     assert losses == pytest.approx(ref_losses, abs=1e-6)
-    weights = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
-    max_diff = max((weights[f"net.{k}"].float() - v.float()).abs().max().item() for k, v in ref_weights.items())
-    assert max_diff <= 1e-6
+    assert max_difference(checkpoint["state_dict"], ref_weights) <= 1e-6
+
+
+def test_the_ema_preset_matches_the_hand_written_loop_with_ema(tmp_path):
+    """configs/ema.yaml: the checkpoint's state_dict is the moving average, what validate, test, predict and export
+    load; it equals the hand-written loop's. (When training ends Lightning puts the average into the model too.)"""
+    ema = {}
+    ref_losses, ref_weights = reference_run("32-true", ema)
+    losses, checkpoint = trainer_run(tmp_path, "32-true", "-c", str(PROJECT_ROOT / "configs" / "ema.yaml"))
+    assert losses == pytest.approx(ref_losses, abs=1e-6)
+    assert max_difference(checkpoint["state_dict"], ema) <= 1e-6
+    weights = {k: v for k, v in ref_weights.items() if v.is_floating_point()}
+    assert max_difference(checkpoint["state_dict"], weights) > 1e-3  # the average is not the trained weights
 
 
 def test_reference_loop_really_clips_and_warms_up():

@@ -101,8 +101,13 @@ def assert_same_state(a: object, b: object, where: str = "checkpoint") -> None:
 def assert_same_run(reference_dir: Path, resumed_dir: Path) -> None:
     ref = torch.load(reference_dir / "checkpoints" / "last.ckpt", weights_only=True)
     got = torch.load(resumed_dir / "checkpoints" / "last.ckpt", weights_only=True)
+    assert ref.keys() == got.keys()
     for key in ("state_dict", "optimizer_states", "lr_schedulers", "global_step", "epoch", "rng_states"):
         assert_same_state(ref[key], got[key], key)
+    if "current_model_state" in ref:  # with EMA: state_dict is the average, this the trained weights
+        assert_same_state(ref["current_model_state"], got["current_model_state"], "current_model_state")
+        ema = next(key for key in ref["callbacks"] if "EMAWeightAveraging" in key)
+        assert_same_state(ref["callbacks"][ema], got["callbacks"][ema], ema)
     ref_loss, got_loss = scalars(reference_dir)["train/loss"], scalars(resumed_dir)["train/loss"]
     got_steps, ref_steps = [step for step, _ in got_loss], [step for step, _ in ref_loss]
     missing, extra = sorted(set(ref_steps) - set(got_steps)), sorted(set(got_steps) - set(ref_steps))
@@ -180,8 +185,8 @@ def test_kill_inside_an_accumulation_window(tmp_path, tmp_path_factory):
 
 @pytest.mark.parametrize(
     "variant",
-    [["--data.num_workers=2"], ["--trainer.precision=bf16-mixed"]],
-    ids=["workers2", "bf16"],
+    [["--data.num_workers=2"], ["--trainer.precision=bf16-mixed"], ["-c", str(PROJECT_ROOT / "configs" / "ema.yaml")]],
+    ids=["workers2", "bf16", "ema"],
 )
 def test_variants_resume_bit_identical_mid_epoch(tmp_path, tmp_path_factory, variant):
     assert_kill_and_resume_exact(tmp_path, tmp_path_factory, variant, hook="on_train_batch_end", step=8)
