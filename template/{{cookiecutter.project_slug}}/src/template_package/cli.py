@@ -38,6 +38,7 @@ from .durable import DurableCheckpointIO
 from .errors import MACHINE_FAULTS, is_a_users_mistake, one_line
 from .model import ImageClassifier
 from .resume import LastCheckpoint
+from .resume_checks import check_resume_changes
 from .run_directory import checkpoint_dir, configure_loggers, predictions_csv, resolve_resume, run_report
 from .run_lock import RunLock, is_global_rank_zero
 from .stop_signals import STOP_SIGNALS
@@ -188,6 +189,11 @@ class ProjectCLI(LightningCLI):
         for key in ("checkpoint.dirpath", "last_checkpoint.dirpath"):
             parser.link_arguments("trainer.default_root_dir", key, compute_fn=checkpoint_dir)
         parser.link_arguments("trainer.default_root_dir", "predictions.path", compute_fn=predictions_csv)
+        parser.add_argument(
+            "--allow_change", type=str, default="",
+            help="options, comma-separated, that may differ from the checkpoint's when fit resumes a run (see "
+            "resume_checks.py), e.g. model.lr,data.batch_size: the run goes on with the new values, no longer exactly",
+        )  # fmt: skip
         # The network's shape follows the data.
         parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
         parser.link_arguments("data.in_channels", "model.in_channels", apply_on="instantiate")
@@ -208,9 +214,17 @@ class ProjectCLI(LightningCLI):
             self.run_dir = root
             resolve_resume(config)
         self.checkpoint = check_checkpoint(config.ckpt_path, config.weights_only) if config.ckpt_path else None
+        if subcommand == "fit" and self.checkpoint is not None:
+            check_resume_changes(config, self.checkpoint, config.ckpt_path, config.allow_change.split(","))
         resumed_step = (self.checkpoint["global_step"] if self.checkpoint else 0) if subcommand == "fit" else None
         check_logger_extras(config.trainer.logger)
         configure_loggers(config, resumed_step)
+
+    def _parse_ckpt_path(self) -> None:
+        """LightningCLI reads the checkpoint's model hyperparameters over the command line. A fit compares them
+        instead (resume_checks.py): a changed flag is refused or applied, never silently dropped."""
+        if self.config.get("subcommand") != "fit":
+            super()._parse_ckpt_path()
 
     def _check_architecture(self) -> None:
         """After the model is built: does the checkpoint fit it? One line instead of load_state_dict's page."""
@@ -266,8 +280,10 @@ def sweep(args: list[str]) -> None:
 
 def quiet_third_party_notices() -> None:
     """Hide what our dependencies print on every run that a user can do nothing about, and only that: Lightning's
-    advertisement for its cloud logger and two deprecation warnings of calls inside torchdata and Lightning."""
+    advertisement for its cloud logger, two deprecation warnings of calls inside torchdata and Lightning, and, with
+    configs/ema.yaml, a warning about sharded models (this project's configure_model shards nothing)."""
     warnings.filterwarnings("ignore", message="'set_vital' is deprecated", category=UserWarning)
+    warnings.filterwarnings("ignore", message="You're using the WeightAveraging callback with a model that overrides")
     warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)`", category=FutureWarning)
     logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_not_the_litlogger_tip)
 

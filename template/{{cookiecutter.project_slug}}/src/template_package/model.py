@@ -133,8 +133,19 @@ class ImageClassifier(L.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def on_train_start(self) -> None:
+        schedule = self.lr_schedulers()
+        if schedule.total_steps is not None:
+            # Resumed: the schedule keeps the length it started with, also when the run was made longer (its added
+            # steps train at the final rate; a schedule stretched to the new length would jump back up). The
+            # optimizer came back with the rates it was saved with: this model's lr, warmup and weight decay differ
+            # from them only when the change was allowed (the CLI's --allow_change), and then they apply from here.
+            schedule.base_lrs = [self.hparams.lr for _ in schedule.base_lrs]
+            schedule.warmup, schedule.min_lr_ratio = self.hparams.warmup, self.hparams.min_lr_ratio
+            schedule.optimizer.param_groups[0]["weight_decay"] = self.hparams.weight_decay
+            schedule.set_total_steps(schedule.total_steps)
+            return
         # Optimizer steps of the whole run: max_steps, or epochs x ceil(batches / accumulation), per device.
         total_steps = self.trainer.estimated_stepping_batches
         if total_steps == float("inf"):
             raise ValueError("the warmup-cosine schedule needs a finite run: set trainer.max_epochs or max_steps")
-        self.lr_schedulers().set_total_steps(int(total_steps))
+        schedule.set_total_steps(int(total_steps))

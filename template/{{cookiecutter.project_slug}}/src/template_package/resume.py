@@ -135,18 +135,19 @@ class LastCheckpoint(Callback):
         if step == self._step_at_batch_start:
             return  # inside an accumulation window: the optimizer has not stepped, the state is not a step's state
         stopping = self._stopping(trainer)  # (raises at once if a write failed)
-        if trainer.is_last_batch or self._training_ends(trainer):
+        if trainer.is_last_batch:
             # A checkpoint taken after an epoch's last batch, before its validation and end, resumes inexactly
-            # (measured in tests/test_resume.py): a write due now, or a stop, is made at the epoch end instead, or
-            # at the end of training.
+            # (measured in tests/test_resume.py): a write due now, or a stop, is made at the epoch end instead.
             return
         # The state is taken now but written at the next hook: Lightning logs (and flushes) this step's metrics
-        # only after this hook, and a resumed run never logs the steps before its checkpoint again.
-        if stopping:
+        # only after this hook, and a resumed run never logs the steps before its checkpoint again. The step where
+        # max_steps ends training is saved here too: the state Lightning leaves at the end of training counts the
+        # interrupted epoch as finished, and a run resumed from it with a larger max_steps trained nothing.
+        ends = self._training_ends(trainer)
+        if ends or stopping or self._is_due(step, epoch_end=False):
             self._stage(trainer)
+        if stopping and not ends:  # (when training ends anyway, the process exits with the signal's code after it)
             self._exit_code = STOP_SIGNALS.exit_code or 128 + signal.SIGTERM
-        elif self._is_due(step, epoch_end=False):
-            self._stage(trainer)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._write_staged_then_exit_if_stopping(trainer)
@@ -160,8 +161,9 @@ class LastCheckpoint(Callback):
             self._stage(trainer)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # The final state, whether max_epochs, max_steps, early stopping or max_time ended training. (Saved here
-        # rather than at the last epoch end: an EarlyStopping that checks at epoch ends decides after this callback.)
+        # The final state, whether max_epochs, early stopping or max_time ended training (max_steps mid-epoch was
+        # saved at its step). Saved here rather than at the last epoch end: an EarlyStopping that checks at epoch
+        # ends decides after this callback.
         self._write_staged(trainer)
         if trainer.global_step != self._saved_at_step:
             self._stage(trainer)

@@ -1,0 +1,99 @@
+"""What may change when a run is resumed with `fit --ckpt_path`, and what may not.
+
+A resumed run is exact only with the settings it was saved with. LightningCLI's own answer is to read the model's
+hyperparameters from the checkpoint over the command line, so `--model.lr 0.5` on a resume trained on, silently, at
+the old rate; a changed `--data.batch_size` was applied, and the loader skipped past the end of the now shorter
+epoch. Here:
+
+- Settings that change the math of the run in flight (the model's and the data's, the seed, accumulation, precision,
+  clipping, the batches per epoch) are refused in one line that names the option, the checkpoint's value and the new
+  one. `--allow_change OPTION` (repeatable) applies such a change on purpose: the run goes on, no longer exact.
+- Settings that may change (the run's length, logging, checkpoint cadence, loader workers, ...) are applied, with a
+  one-line notice. A longer run (`trainer.max_epochs`, `trainer.max_steps`) keeps its LR schedule: the schedule ends
+  where it was going to end, and the added steps train at its final rate (`model.lr` x `model.min_lr_ratio`); a
+  schedule stretched to the new length would jump back up (x70 seen on a 2-epoch run extended to 5).
+- The number of processes is checked on its own (checks.check_world_size): it must not change.
+
+The model's and data's settings are compared with the checkpoint's hyperparameters; the trainer's with the run's
+`config.yaml` beside its `checkpoints/` folder (a checkpoint from elsewhere has none: only model and data are
+compared then).
+"""
+
+from pathlib import Path
+
+import yaml
+
+# Changing these changes what is computed: refused on a resume unless allowed with --allow_change.
+MATH = [
+    "seed_everything",
+    "trainer.accumulate_grad_batches",
+    "trainer.precision",
+    "trainer.gradient_clip_val",
+    "trainer.gradient_clip_algorithm",
+    "trainer.limit_train_batches",
+    "trainer.deterministic",
+]
+# Of the model's and data's settings these may change: how the data is loaded, not which data.
+FREE_DATA = {"num_workers"}
+# Shown when they change, then applied.
+NOTICED = [
+    "trainer.max_epochs",
+    "trainer.max_steps",
+    "trainer.log_every_n_steps",
+    "trainer.limit_val_batches",
+    "trainer.check_val_every_n_epoch",
+    "last_checkpoint.every_n_steps",
+    "data.num_workers",
+]
+
+
+def check_resume_changes(config, checkpoint: dict, ckpt_path: str, allowed: list[str]) -> None:
+    """Refuse a math change that was not allowed (SystemExit with one line); print the changes that go ahead."""
+    saved = saved_settings(checkpoint, Path(ckpt_path))
+    new = {option: value_at(config, option) for option in saved}
+    changed = {option: (saved[option], new[option]) for option in saved if saved[option] != new[option]}
+    math = [option for option in changed if is_math(option)]
+    refused = [option for option in math if option not in allowed]
+    if refused:
+        option = refused[0]
+        old, value = changed[option]
+        raise SystemExit(
+            f"error: --{option} is {value!r} but {ckpt_path} was trained with {old!r}: a resumed run goes on exactly "
+            f"only with its own settings; drop --{option}, or add --allow_change {option} to change it anyway"
+        )
+    if changed:
+        shown = ", ".join(f"{option} {old!r} -> {value!r}" for option, (old, value) in changed.items())
+        note = " (no longer an exact resume)" if math else ""
+        if {"trainer.max_epochs", "trainer.max_steps"} & changed.keys():
+            note += "; the LR schedule keeps its length: added steps train at its final rate"
+        print(f"resuming with changed settings: {shown}{note}")
+
+
+def is_math(option: str) -> bool:
+    section, _, name = option.partition(".")
+    return option in MATH or section == "model" or (section == "data" and name not in FREE_DATA)
+
+
+def saved_settings(checkpoint: dict, ckpt_path: Path) -> dict:
+    """The settings the checkpoint was trained with: its model and data hyperparameters, and from the run's
+    config.yaml (when the checkpoint sits in a run directory) the trainer's."""
+    saved = {}
+    for section, key in (("model", "hyper_parameters"), ("data", "datamodule_hyper_parameters")):
+        for name, value in (checkpoint.get(key) or {}).items():
+            if not name.startswith("_") and name not in ("num_classes", "in_channels"):  # those follow the data
+                saved[f"{section}.{name}"] = value
+    config_file = ckpt_path.parent.parent / "config.yaml"
+    if config_file.is_file():
+        config = yaml.safe_load(config_file.read_text())
+        for option in MATH + NOTICED:
+            if option.split(".")[0] in ("trainer", "seed_everything", "last_checkpoint"):
+                saved[option] = value_at(config, option)
+    return saved
+
+
+def value_at(config, option: str):
+    """The value of a dotted option in a parsed config (a jsonargparse Namespace) or a loaded config.yaml (a dict)."""
+    value = config
+    for name in option.split("."):
+        value = value.get(name) if isinstance(value, dict) else getattr(value, name, None)
+    return value

@@ -1,0 +1,74 @@
+"""Changed flags on a resume are never silent: a change of the run's math is refused in one line (unless allowed,
+then applied), a change that may happen is applied with a notice, and a longer run keeps its LR schedule."""
+
+import pytest
+import torch
+from conftest import QUICK, cli, resume, scalars
+
+# 2 epochs of 6 batches, the LR logged at every step.
+ARGS = [*QUICK, "--trainer.log_every_n_steps=1"]
+
+
+@pytest.fixture
+def finished_run(run_dir):
+    cli("fit", f"--trainer.default_root_dir={run_dir}", *ARGS)
+    return run_dir
+
+
+def files(run_dir):
+    return {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file() and p.name != ".lock"}
+
+
+@pytest.mark.parametrize(
+    "flag, old, new",
+    [("--model.lr=0.5", 0.003, 0.5), ("--data.batch_size=32", 64, 32),
+     ("--trainer.accumulate_grad_batches=2", 1, 2), ("--seed_everything=7", 42, 7)],
+    ids=["lr", "batch_size", "accumulation", "seed"],
+)  # fmt: skip
+def test_a_change_of_the_runs_math_is_refused_in_one_line(finished_run, flag, old, new):
+    before = files(finished_run)
+    option = flag.split("=")[0].removeprefix("--")
+    with pytest.raises(SystemExit) as stop:
+        resume(finished_run, *ARGS, flag)
+    last = finished_run / "checkpoints" / "last.ckpt"
+    assert stop.value.code == (
+        f"error: --{option} is {new!r} but {last} was trained with {old!r}: a resumed run goes on exactly only with "
+        f"its own settings; drop --{option}, or add --allow_change {option} to change it anyway"
+    )
+    assert files(finished_run) == before
+
+
+def test_a_longer_run_keeps_its_schedule_and_says_so(finished_run, capsys):
+    """max_epochs 2 -> 3: the added epoch trains at the schedule's final rate, not on a cosine stretched anew."""
+    resume(finished_run, *ARGS, "--trainer.max_epochs=3")
+    assert "resuming with changed settings: trainer.max_epochs 2 -> 3; the LR schedule keeps its length" in (
+        capsys.readouterr().out
+    )
+    lrs = dict(scalars(finished_run)["lr"])
+    assert len(lrs) == 18
+    final_rate = 0.003 * 0.01
+    assert all(lrs[step] == pytest.approx(final_rate, rel=1e-6) for step in range(12, 18))
+    assert lrs[11] > final_rate  # the original schedule's last step was still above it
+
+
+def test_an_allowed_change_is_applied(run_dir, capsys):
+    """--allow_change model.lr: a 1-epoch run made 2 epochs long goes on at the new rate (its schedule's final rate,
+    as the run is longer: twice the final rate it would have had)."""
+    cli("fit", f"--trainer.default_root_dir={run_dir}", *ARGS, "--trainer.max_epochs=1")
+    resume(run_dir, *ARGS, "--model.lr=0.006", "--allow_change=model.lr")
+    out = capsys.readouterr().out
+    assert "model.lr 0.003 -> 0.006" in out and "(no longer an exact resume)" in out
+    lrs = dict(scalars(run_dir)["lr"])
+    assert all(lrs[step] == pytest.approx(0.006 * 0.01, rel=1e-6) for step in range(6, 12))
+    assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["hyper_parameters"]["lr"] == 0.006
+
+
+def test_a_step_limited_run_made_longer_trains_the_added_steps(run_dir):
+    """max_steps 5 -> 12 (mid-epoch; max_epochs -1): the last step was saved as a step, so the run goes on from it.
+    (From the state Lightning leaves at the end of training, the longer run trained nothing.)"""
+    steps = ["--trainer.limit_train_batches=6", "--trainer.enable_progress_bar=false", "--trainer.log_every_n_steps=1",
+             "--trainer.max_epochs=-1"]  # fmt: skip
+    cli("fit", f"--trainer.default_root_dir={run_dir}", *steps, "--trainer.max_steps=5")
+    resumed = resume(run_dir, *steps, "--trainer.max_steps=12")
+    assert resumed.trainer.global_step == 12
+    assert [step for step, _ in scalars(run_dir)["train/loss"]] == list(range(12))
