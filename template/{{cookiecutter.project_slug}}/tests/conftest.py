@@ -1,7 +1,12 @@
 """Shared helpers: run the real CLI in-process with a tiny budget, or as `python -m` in a subprocess."""
 
-import contextlib
 import os
+
+# One thread per process (this one and every process a test starts): pytest-xdist runs a test file per CPU, and a
+# test's training processes each took all the CPUs, so that the suite ran slower in parallel than in series.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import contextlib
 import signal
 import subprocess
 import sys

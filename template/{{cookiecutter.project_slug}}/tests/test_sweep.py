@@ -9,8 +9,9 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
-from conftest import PROJECT_ROOT, QUICK, cli, started
+from conftest import PROJECT_ROOT, QUICK, cli, cli_subprocess, started
 
 optuna = pytest.importorskip("optuna", reason='sweeps need the sweep extra: pip install -e ".[sweep]"')
 
@@ -129,9 +130,9 @@ def test_sigterm_saves_the_running_trial_and_exits_143(tmp_path):
     assert [state for *_, state, _ in study_of(folder)] == ["RUNNING"]
 
 
-def test_a_trial_below_the_median_is_pruned_and_stops_cleanly(tmp_path):
-    """Two finished trials reached val/acc 0.9 and 0.95 at epoch 1; a third at lr 1e-6 stays near chance: pruned at
-    its second validation, its training ends there with a final last.ckpt, and it records its best value."""
+def study_with_two_good_trials(tmp_path: Path) -> tuple[str, str, int]:
+    """A study whose two finished trials reached val/acc 0.9 and 0.95 at epoch 1, and a third trial asked; returns
+    the storage, a config that reports a fit to that trial, and its number."""
     from template_package.sweep import pruner
 
     storage = f"sqlite:///{tmp_path / 'study.db'}"
@@ -146,12 +147,34 @@ def test_a_trial_below_the_median_is_pruned_and_stops_cleanly(tmp_path):
               "init_args": {"storage": storage, "trial_number": number}}  # fmt: skip
     config = tmp_path / "report.yaml"
     config.write_text(yaml.safe_dump({"trainer": {"callbacks+": [report]}}))
-    run = cli("fit", "-c", str(config), f"--trainer.default_root_dir={tmp_path / 'run'}", *TRIAL,
-              "--trainer.max_epochs=4", "--model.lr=1e-6")  # fmt: skip
-    assert run.trainer.current_epoch == 2 and run.trainer.global_step == 12  # stopped after epoch 1 of 4
+    return storage, str(config), number
+
+
+def assert_pruned_after_epoch_1(storage: str, number: int, run_dir: Path) -> None:
     trial = optuna.load_study(study_name="sweep", storage=storage).trials[number]
     assert trial.user_attrs["pruned"] is True and trial.user_attrs["value"] == max(trial.intermediate_values.values())
     assert list(trial.intermediate_values) == [0, 1]
+    assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 12  # of 24
+
+
+def test_a_trial_below_the_median_is_pruned_and_stops_cleanly(tmp_path):
+    """A third trial at lr 1e-6 stays near chance: pruned at its second validation; its training ends there with a
+    final last.ckpt, and it records its best value."""
+    storage, config, number = study_with_two_good_trials(tmp_path)
+    run = cli("fit", "-c", config, f"--trainer.default_root_dir={tmp_path / 'run'}", *TRIAL,
+              "--trainer.max_epochs=4", "--model.lr=1e-6")  # fmt: skip
+    assert run.trainer.current_epoch == 2  # stopped after epoch 1 of 4
+    assert_pruned_after_epoch_1(storage, number, tmp_path / "run")
+
+
+@pytest.mark.slow
+def test_under_ddp_rank_0_decides_and_every_rank_stops_together(tmp_path):
+    storage, config, number = study_with_two_good_trials(tmp_path)
+    result = cli_subprocess("fit", "-c", config, f"--trainer.default_root_dir={tmp_path / 'run'}", *TRIAL,
+                            "--trainer.max_epochs=4", "--model.lr=1e-6", "--trainer.strategy=ddp",
+                            "--trainer.accelerator=cpu", "--trainer.devices=2")  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert_pruned_after_epoch_1(storage, number, tmp_path / "run")
 
 
 @pytest.mark.parametrize(
