@@ -160,6 +160,10 @@ class RunConfigCallback(SaveConfigCallback):
         super().setup(trainer, pl_module, "fit")
 
 
+# How data is loaded on this machine, not what the model was trained on: never taken from a checkpoint.
+RUNTIME_DATA_OPTIONS = {"batch_size", "num_workers", "predict_dir"}
+
+
 class ProjectCLI(LightningCLI):
     """LightningCLI with the run-directory contract and the project's checkpoint callbacks.
 
@@ -222,9 +226,19 @@ class ProjectCLI(LightningCLI):
 
     def _parse_ckpt_path(self) -> None:
         """LightningCLI reads the checkpoint's model hyperparameters over the command line. A fit compares them
-        instead (resume_checks.py): a changed flag is refused or applied, never silently dropped."""
-        if self.config.get("subcommand") != "fit":
-            super()._parse_ckpt_path()
+        instead (resume_checks.py): a changed flag is refused or applied, never silently dropped. validate, test and
+        predict take them, and the data settings the checkpoint was trained with too (class names, image size, data
+        folder) where the command line left the default: `predict --ckpt_path X --data.predict_dir DIR` needs
+        nothing else."""
+        subcommand = self.config.get("subcommand")
+        if subcommand == "fit":
+            return
+        super()._parse_ckpt_path()
+        saved = (self.checkpoint or {}).get("datamodule_hyper_parameters") or {}
+        data, default = self.config[subcommand].data, self._subcommand_parsers[subcommand].get_defaults().data
+        for name, value in saved.items():
+            if name in data and name not in RUNTIME_DATA_OPTIONS and data[name] == default[name]:
+                data[name] = value
 
     def _check_architecture(self) -> None:
         """After the model is built: does the checkpoint fit it? One line instead of load_state_dict's page."""

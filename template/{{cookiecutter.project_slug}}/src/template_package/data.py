@@ -1,4 +1,5 @@
-"""The LightningDataModule: scikit-learn's digits by default, or your own images in ImageFolder layout.
+"""The LightningDataModule: scikit-learn's digits by default, or your own images in ImageFolder layout (images.py),
+read in an order and with augmentations that resume exactly (sampling.py).
 
 Digits (1,797 8x8 grayscale images, 10 classes) ship inside scikit-learn, so the default run needs no network.
 For your own data, set `data_dir` to a folder with `train/<class>/*.jpg`, `val/<class>/*.jpg` and optionally
@@ -11,10 +12,11 @@ from pathlib import Path
 
 import lightning as L
 import torch
-from torch.utils.data import Dataset, DistributedSampler, TensorDataset
+from torch.utils.data import Dataset, TensorDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+from .images import ImageFiles, digits_like_transform, image_folder_transforms, load_rgb_image
+from .sampling import EpochShuffleSampler, SeededAugmentation
 
 
 def check_finite(images: torch.Tensor, name: str) -> None:
@@ -38,67 +40,14 @@ def digits_splits(val_fraction: float, test_fraction: float, seed: int) -> tuple
     return tuple(TensorDataset(images[idx], targets[idx]) for idx in parts)
 
 
-def load_rgb_image(path: str):
-    """PIL's loader, with the file's path in the error when the image cannot be decoded."""
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        with Image.open(path) as image:
-            return image.convert("RGB")
-    except (UnidentifiedImageError, OSError) as error:
-        raise ValueError(f"cannot decode the image {path} ({error.__class__.__name__}): fix or delete it") from None
-
-
-def image_folder_transforms(image_size: int):
-    """(train, eval) transforms: random crops and flips for training only; eval resizes and center-crops."""
-    from torchvision.transforms import v2
-
-    to_tensor = [v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(IMAGENET_MEAN, IMAGENET_STD)]
-    train = v2.Compose([v2.RandomResizedCrop(image_size, antialias=True), v2.RandomHorizontalFlip(), *to_tensor])
-    evaluate = v2.Compose([v2.Resize(round(image_size * 8 / 7), antialias=True), v2.CenterCrop(image_size), *to_tensor])
-    return train, evaluate
-
-
-class EpochShuffleSampler(DistributedSampler):
-    """Shuffles with a permutation that depends on (seed, epoch) alone, and gives each of `num_replicas` processes its
-    own share of it: torch's DistributedSampler with drop_last, whose order is `torch.randperm` seeded with
-    seed + epoch.
-
-    Lightning calls `set_epoch` at every epoch start, after a resume too, so a run resumed at an epoch boundary
-    shuffles like the run that never stopped; mid-epoch, StatefulDataLoader fast-forwards through the same
-    permutation. torchdata's RandomSampler keeps a generator whose state at an epoch boundary is not restored: a run
-    resumed there trained on a different order (measured in tests/test_resume.py). Being a DistributedSampler, it is
-    used as is under DDP: Lightning would wrap any other sampler in its DistributedSamplerWrapper, which passes
-    `set_epoch` to itself only, so every epoch replayed the first epoch's order (found by a 2-node run resumed at an
-    epoch boundary, tests/test_scale_out.py).
-
-    With `batch_size`, it yields whole batches of indices (the last partial one dropped) for a loader with
-    `batch_size=None`: a TensorDataset then gathers a batch with one index operation per tensor.
-    """
-
-    def __init__(
-        self, num_samples: int, seed: int, batch_size: int | None = None, num_replicas: int = 1, rank: int = 0
-    ) -> None:
-        super().__init__(range(num_samples), num_replicas, rank, shuffle=True, seed=seed, drop_last=True)
-        self.batch_size = batch_size
-
-    def __iter__(self):
-        if self.batch_size is None:
-            return super().__iter__()
-        order, size = list(super().__iter__()), self.batch_size
-        return (order[i * size : (i + 1) * size] for i in range(len(self)))
-
-    def __len__(self) -> int:
-        return self.num_samples if self.batch_size is None else self.num_samples // self.batch_size
-
-
 def default_num_workers() -> int:
     """Half the CPUs (the main process needs the rest), at most 8; 0 on a single core."""
     return min(8, (os.cpu_count() or 1) // 2)
 
 
 class ImageDataModule(L.LightningDataModule):
-    """Train/val/test/predict loaders for digits (`data_dir=None`) or an ImageFolder tree.
+    """Train/val/test/predict loaders for digits (`data_dir=None`) or an ImageFolder tree, and for a folder of new
+    images to predict.
 
     Args:
         data_dir: None for digits, else a folder holding `train/`, `val/` and optionally `test/` class folders.
@@ -109,6 +58,10 @@ class ImageDataModule(L.LightningDataModule):
         val_fraction: share of digits held out for validation.
         test_fraction: share of digits held out for testing.
         split_seed: seed of the digits split, independent of the training seed so every run sees the same split.
+        predict_dir: a folder of unlabeled images (nested folders too) for `predict`, instead of the test split.
+        classes: the class names; found in `data_dir/train` when not given. Saved in every checkpoint with the other
+            settings, so that `predict --ckpt_path X --data.predict_dir DIR` needs neither the training folder nor
+            these options again.
     """
 
     def __init__(
@@ -120,13 +73,17 @@ class ImageDataModule(L.LightningDataModule):
         val_fraction: float = 0.15,
         test_fraction: float = 0.15,
         split_seed: int = 0,
+        predict_dir: str | None = None,
+        classes: list[str] | None = None,
     ) -> None:
         super().__init__()
+        if classes is None:
+            classes = [str(i) for i in range(10)] if data_dir is None else self._find_classes(Path(data_dir))
         self.save_hyperparameters()
+        self.hparams.classes = self.classes = list(classes)  # saved in checkpoints with the found ones
         if num_workers is None:
             num_workers = 0 if data_dir is None else default_num_workers()
         self.num_workers = num_workers
-        self.classes = [str(i) for i in range(10)] if data_dir is None else self._find_classes(Path(data_dir))
         self.datasets: dict[str, Dataset] = {}
 
     @property
@@ -152,6 +109,10 @@ class ImageDataModule(L.LightningDataModule):
         if self.datasets:
             return
         hp = self.hparams
+        if stage == "predict" and hp.predict_dir is not None:
+            transform = digits_like_transform() if hp.data_dir is None else image_folder_transforms(hp.image_size)[1]
+            self.datasets = {"predict": ImageFiles(hp.predict_dir, transform)}
+            return
         if hp.data_dir is None:
             train, val, test = digits_splits(hp.val_fraction, hp.test_fraction, hp.split_seed)
             self.datasets = {"train": train, "val": val, "test": test, "predict": test}
@@ -162,13 +123,13 @@ class ImageDataModule(L.LightningDataModule):
         root = Path(hp.data_dir)
         if not (root / "val").is_dir():
             raise FileNotFoundError(f"data_dir={str(root)!r} has no val/ folder: expected val/<class>/ images")
-        folders = {"train": root / "train", "val": root / "val", "test": root / "test"}
-        if not folders["test"].is_dir():
-            folders["test"] = folders["val"]
+        folders = {"val": root / "val", "test": root / "test" if (root / "test").is_dir() else root / "val"}
         self.datasets = {
-            split: ImageFolder(folder, train_tf if split == "train" else eval_tf, loader=load_rgb_image)
-            for split, folder in folders.items()
+            split: ImageFolder(folder, eval_tf, loader=load_rgb_image) for split, folder in folders.items()
         }
+        # The training images' random crops and flips are drawn per sample from (seed, epoch, index): see sampling.py.
+        training = ImageFolder(root / "train", loader=load_rgb_image)
+        self.datasets["train"] = SeededAugmentation(training, train_tf, torch.initial_seed())
         self.datasets["predict"] = self.datasets["test"]
 
     def _loader(self, split: str) -> StatefulDataLoader:
@@ -183,8 +144,9 @@ class ImageDataModule(L.LightningDataModule):
             in_memory = isinstance(dataset, TensorDataset)
             replicas, rank = (self.trainer.world_size, self.trainer.global_rank) if self.trainer else (1, 0)
             sampler = EpochShuffleSampler(
-                len(dataset), torch.initial_seed(), batch_size if in_memory else None, replicas, rank
-            )
+                len(dataset), torch.initial_seed(), batch_size if in_memory else None, replicas, rank,
+                with_epoch=isinstance(dataset, SeededAugmentation),
+            )  # fmt: skip
             batch_size = None if in_memory else batch_size
         return StatefulDataLoader(
             dataset,

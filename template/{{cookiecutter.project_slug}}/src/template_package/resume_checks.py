@@ -34,7 +34,7 @@ MATH = [
     "trainer.deterministic",
 ]
 # Of the model's and data's settings these may change: how the data is loaded, not which data.
-FREE_DATA = {"num_workers"}
+FREE_DATA = {"num_workers", "predict_dir"}
 # Shown when they change, then applied.
 NOTICED = [
     "trainer.max_epochs",
@@ -80,7 +80,7 @@ def saved_settings(checkpoint: dict, ckpt_path: Path) -> dict:
     saved = {}
     for section, key in (("model", "hyper_parameters"), ("data", "datamodule_hyper_parameters")):
         for name, value in (checkpoint.get(key) or {}).items():
-            if not name.startswith("_") and name not in ("num_classes", "in_channels"):  # those follow the data
+            if not name.startswith("_") and name not in ("num_classes", "in_channels", "classes"):  # the data's
                 saved[f"{section}.{name}"] = value
     config_file = ckpt_path.parent.parent / "config.yaml"
     if config_file.is_file():
