@@ -41,11 +41,13 @@ def train_epochs(
     memory_format: torch.memory_format = torch.contiguous_format,
     ema: dict[str, torch.Tensor] | None = None,
     ema_decay: float = 0.99,
+    grad_norms: list[float] | None = None,
 ) -> Iterator[list[float]]:
     """Train `net` in place, one epoch per iteration, yielding the epoch's loss of the last batch of every optimizer
     step. (benchmarks/overhead.py runs the epochs one at a time, alternating with the Trainer's.)
 
-    `memory_format=torch.channels_last` lays out weights and images as NHWC. With `ema` (an empty dict), it is filled
+    `memory_format=torch.channels_last` lays out weights and images as NHWC. `grad_norms` (a list) gets every optimizer
+    step's total gradient norm before clipping, computed by hand. With `ema` (an empty dict), it is filled
     with an exponential moving average of every parameter and buffer: a copy after the first optimizer step, then
     ema = decay * ema + (1 - decay) * value after each one."""
     net.to(device, memory_format=memory_format).train()
@@ -75,8 +77,12 @@ def train_epochs(
                 continue  # inside an accumulation window; the epoch's last batch closes a partial one
             for group in optimizer.param_groups:
                 group["lr"] = lr * lr_factor(step, warmup_steps, total_steps, min_lr_ratio)
+            if clip_norm is not None or grad_norms is not None:
+                scaler.unscale_(optimizer)  # clip and measure the true gradients, not the loss-scaled ones
+            if grad_norms is not None:  # by hand, in float64
+                grads = [p.grad.double() for p in decay + no_decay if p.grad is not None]
+                grad_norms.append(math.sqrt(sum(float((g * g).sum()) for g in grads)))
             if clip_norm is not None:
-                scaler.unscale_(optimizer)  # clip the true gradients, not the loss-scaled ones
                 # One global norm over every parameter, summed in the optimizer's order like Lightning does.
                 torch.nn.utils.clip_grad_norm_(decay + no_decay, clip_norm)
             scaler.step(optimizer)

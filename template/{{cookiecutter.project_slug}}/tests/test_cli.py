@@ -13,7 +13,10 @@ def test_fit_writes_the_run_directory_contract(run_dir: Path):
     assert (run_dir / "checkpoints" / "last.ckpt").is_file()
     assert "max_epochs: 2" in (run_dir / "config.yaml").read_text()
     logged = scalars(run_dir)
-    assert {"train/loss", "val/loss", "val/acc", "lr", "perf/samples_per_sec", "perf/data_wait_share"} <= logged.keys()
+    assert {"train/loss", "val/loss", "val/acc", "lr", "perf/samples_per_sec", "perf/data_wait_share",
+            "perf/epoch_seconds", "train/grad_norm", "train/clip_share"} <= logged.keys()  # fmt: skip
+    assert [step for step, _ in logged["perf/epoch_seconds"]] == [5, 11]
+    assert all(0 < seconds < 60 for _, seconds in logged["perf/epoch_seconds"])
     assert all(0 < share < 1 for _, share in logged["perf/data_wait_share"])
     assert all(rate > 0 for _, rate in logged["perf/samples_per_sec"])
     assert [step for step, _ in logged["val/acc"]] == [5, 11]  # one value per epoch, at the epoch's last step
@@ -48,10 +51,9 @@ def test_resume_continues_the_same_run(run_dir: Path):
     assert not list(run_dir.glob("version_*"))
 
 
-def test_last_ckpt_appears_only_after_every_earlier_step_is_logged(run_dir: Path, monkeypatch):
-    """Whenever last.ckpt holds step S, steps 0..S-1 are already in TensorBoard: a resumed run logs from S on, so an
-    earlier step missing then would be missing for good. (Lightning logs a step after on_train_batch_end, where the
-    checkpoint is taken; the rename waits for the next hook.)"""
+def log_steps_against_last_ckpt(run_dir: Path, monkeypatch) -> list[tuple[int, int]]:
+    """Train with a checkpoint every 2 steps; at every write to TensorBoard, (the step written, the step last.ckpt
+    holds then)."""
     from lightning.pytorch.loggers import TensorBoardLogger
 
     last, seen = run_dir / "checkpoints" / "last.ckpt", []
@@ -64,6 +66,14 @@ def test_last_ckpt_appears_only_after_every_earlier_step_is_logged(run_dir: Path
     monkeypatch.setattr(TensorBoardLogger, "log_metrics", spy)
     cli("fit", f"--trainer.default_root_dir={run_dir}", "--last_checkpoint.every_n_steps=2",
         "--trainer.log_every_n_steps=1", *QUICK)  # fmt: skip
+    return seen
+
+
+def test_last_ckpt_appears_only_after_every_earlier_step_is_logged(run_dir: Path, monkeypatch):
+    """Whenever last.ckpt holds step S, steps 0..S-1 are already in TensorBoard: a resumed run logs from S on, so an
+    earlier step missing then would be missing for good. (Lightning logs a step after on_train_batch_end, where the
+    checkpoint is taken; it is written at the next hook.)"""
+    seen = log_steps_against_last_ckpt(run_dir, monkeypatch)
     assert len(seen) >= 12 and max(saved for _, saved in seen) >= 10
     assert all(step >= saved for step, saved in seen), seen
 

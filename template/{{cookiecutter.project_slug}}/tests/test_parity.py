@@ -79,3 +79,37 @@ def test_reference_loop_really_clips_and_warms_up():
     torch.nn.functional.cross_entropy(model(images), targets).backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), float("inf"))
     assert grad_norm > RECIPE["clip_norm"]
+
+
+def test_logged_gradient_norms_and_clip_share_equal_the_hand_computed_ones(tmp_path):
+    """train/grad_norm is the total gradient norm before clipping, train/clip_share the share of the optimizer steps
+    since the previous log whose norm was above the clip value (0.5): both against norms computed by hand."""
+    L.seed_everything(42)
+    net = copy.deepcopy(ImageClassifier().net)
+    data = ImageDataModule()
+    data.setup("fit")
+    norms = []
+    reference_loop.train(net, data.train_dataloader(), precision="32-true", grad_norms=norms, **RECIPE)
+    trainer_run(tmp_path, "32-true", "--trainer.log_every_n_steps=3")
+    logged = scalars(tmp_path)
+    assert [step for step, _ in logged["train/grad_norm"]] == [2, 5, 8, 11, 14]
+    for step, value in logged["train/grad_norm"]:
+        assert value == pytest.approx(norms[step], rel=1e-5)
+    for step, share in logged["train/clip_share"]:
+        window = norms[step - 2 : step + 1]
+        assert share == pytest.approx(sum(n > RECIPE["clip_norm"] for n in window) / 3)
+    assert {share for _, share in logged["train/clip_share"]} != {0.0}  # clipping acted
+
+
+def test_the_gradient_norm_command_prints_their_distribution(capsys):
+    """python -m <package>.grad_norms: median, p90 and max of the unclipped norms of the run's first steps."""
+    import statistics
+
+    from template_package.grad_norms import main
+
+    norms = main(["--steps", "12", "--trainer.max_epochs=1"])
+    out = capsys.readouterr().out
+    assert len(norms) == 12 and all(n > 0 for n in norms)
+    p90 = statistics.quantiles(norms, n=10, method="inclusive")[-1]
+    assert f"median {statistics.median(norms):.4g}, p90 {p90:.4g}, max {max(norms):.4g}" in out
+    assert f"--trainer.gradient_clip_val {p90:.2g}" in out

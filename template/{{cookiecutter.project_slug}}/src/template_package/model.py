@@ -7,6 +7,7 @@ copied into another package together with them. Metric names: train/loss, val/lo
 import lightning as L
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.plugins.precision import Precision
 from torch import Tensor, nn
 from torchmetrics.classification import MulticlassAccuracy
 
@@ -39,6 +40,7 @@ class ImageClassifier(L.LightningModule):
         warmup: linear warmup, as a fraction of the run (< 1) or a number of optimizer steps (>= 1).
         min_lr_ratio: the cosine ends at lr * min_lr_ratio.
         label_smoothing: cross-entropy label smoothing.
+        dropout: dropout before the head of small_cnn (0: none).
         compile: compile the network with torch.compile (in place, so checkpoints keep the plain parameter names
             and load into an uncompiled model). Pays off on GPUs for larger models; the first steps are slow.
         channels_last: keep conv weights and input images in channels-last (NHWC) memory layout, which the
@@ -57,12 +59,15 @@ class ImageClassifier(L.LightningModule):
         warmup: float = 0.1,
         min_lr_ratio: float = 0.01,
         label_smoothing: float = 0.0,
+        dropout: float = 0.0,
         compile: bool = False,
         channels_last: bool = False,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
-        self.net = create_net(arch, num_classes, in_channels, pretrained)
+        self.net = create_net(arch, num_classes, in_channels, pretrained, dropout)
+        self._clipped_steps, self._steps_since_log = 0, 0  # for train/clip_share
+        self.grad_norm: Tensor | None = None  # the total gradient norm of the last step that computed it
         self.val_acc = MulticlassAccuracy(num_classes, average="micro")
         self.test_acc = MulticlassAccuracy(num_classes, average="micro")
 
@@ -103,6 +108,29 @@ class ImageClassifier(L.LightningModule):
             self.log("train/loss", loss)
             self.log("lr", self.lr_schedulers().get_last_lr()[0])
         return loss
+
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
+        """Clip as Lightning does (by global norm, on unscaled gradients), and log what the guides ask to watch on
+        the steps the logger writes: `train/grad_norm`, the total norm before clipping, and `train/clip_share`, the
+        share of optimizer steps since the last log that were clipped. The norm is clip_grad_norm_'s own result, so
+        it costs nothing more, and it stays on the device until a logged step."""
+        plugin = self.trainer.precision_plugin
+        by_norm = (
+            gradient_clip_algorithm in (None, "norm") and type(plugin).clip_grad_by_norm is Precision.clip_grad_by_norm
+        )
+        logging = self._is_logging_step()  # (global_step counts this optimizer step only after it)
+        if not by_norm or not (gradient_clip_val or logging):  # clipping by value, FSDP, or nothing to do
+            self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
+            return
+        norm = torch.nn.utils.clip_grad_norm_(plugin.main_params(optimizer), gradient_clip_val or float("inf"))
+        self.grad_norm = norm
+        if gradient_clip_val:
+            self._clipped_steps = self._clipped_steps + (norm > gradient_clip_val)  # a tensor: no sync
+        self._steps_since_log += 1
+        if logging:
+            self.log("train/grad_norm", norm)
+            self.log("train/clip_share", self._clipped_steps / self._steps_since_log)
+            self._clipped_steps, self._steps_since_log = 0, 0
 
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         images, targets = batch

@@ -9,9 +9,10 @@ from torch import Tensor, nn
 
 
 class SmallCNN(nn.Module):
-    """Three conv-BN-ReLU blocks and a linear head: about 100k parameters, enough for 8x8 to 32x32 images."""
+    """Three conv-BN-ReLU blocks, optional dropout and a linear head: about 100k parameters, enough for 8x8 to 32x32
+    images."""
 
-    def __init__(self, num_classes: int, in_channels: int = 1, width: int = 32) -> None:
+    def __init__(self, num_classes: int, in_channels: int = 1, width: int = 32, dropout: float = 0.0) -> None:
         super().__init__()
 
         def block(cin: int, cout: int) -> list[nn.Module]:
@@ -25,6 +26,7 @@ class SmallCNN(nn.Module):
             *block(2 * width, 4 * width),
             nn.AdaptiveAvgPool2d(1),
             nn.Flatten(),
+            nn.Dropout(dropout),
         )
         self.head = nn.Linear(4 * width, num_classes)
 
@@ -54,12 +56,15 @@ def _replace_head(net: nn.Module, num_classes: int) -> None:
     net.set_submodule(name, nn.Linear(head.in_features, num_classes))
 
 
-def create_net(arch: str, num_classes: int, in_channels: int = 1, pretrained: bool = False) -> nn.Module:
-    """Build a network by name: "small_cnn" or any torchvision classification model name."""
+def create_net(
+    arch: str, num_classes: int, in_channels: int = 1, pretrained: bool = False, dropout: float = 0.0
+) -> nn.Module:
+    """Build a network by name: "small_cnn" or any torchvision classification model name (`dropout` is small_cnn's,
+    before its head; torchvision models keep their own)."""
     if arch == "small_cnn":
         if pretrained:
             raise ValueError("small_cnn has no pretrained weights: set pretrained=False or pick a torchvision arch")
-        return SmallCNN(num_classes, in_channels)
+        return SmallCNN(num_classes, in_channels, dropout=dropout)
     import torchvision
 
     available = torchvision.models.list_models(module=torchvision.models)
