@@ -70,3 +70,27 @@ class KillRankAt(Callback):
         if trainer.global_rank == self.rank and trainer.global_step >= self.step and not self.marker.exists():
             self.marker.write_text(str(time.time()))
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+class Disable(Callback):
+    """Switches off one piece of the exact-resume machinery in this process, to show that the resume tests fail
+    without it (tests/test_controls.py). Given to the resumed run only, through `--config`:
+
+    rng_restore: ResumableRNGState does not restore the random states; loader_state: the loader does not restore its
+    position; sampler_epoch: the train loader starts at epoch 0's order, whatever the epoch.
+    """
+
+    def __init__(self, mechanism: str) -> None:
+        from torchdata.stateful_dataloader import StatefulDataLoader
+
+        from template_package.data import ImageDataModule
+        from template_package.resume import ResumableRNGState
+
+        if mechanism == "rng_restore":
+            ResumableRNGState.on_train_start = lambda self, trainer, pl_module: None
+        elif mechanism == "loader_state":
+            StatefulDataLoader.load_state_dict = lambda self, state_dict: None
+        elif mechanism == "sampler_epoch":
+            ImageDataModule.train_dataloader = lambda self: self._loader("train")
+        else:
+            raise ValueError(f"unknown mechanism {mechanism!r}")

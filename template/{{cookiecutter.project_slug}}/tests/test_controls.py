@@ -1,0 +1,73 @@
+"""Negative controls: each piece of the exact-resume machinery, switched off, makes its kill-and-resume comparison
+fail. Proof that the resume tests can fail, and that each piece is needed."""
+
+import pytest
+import torch
+from conftest import cli, extra_config
+from test_resume import KILL_POINTS, assert_same_run, finish, freeze_config, kill_when_frozen, reference_run, start_fit
+
+pytestmark = pytest.mark.slow
+
+
+def killed_then_resumed_without(tmp_path, args: list[str], mechanism: str, **kill_point):
+    """Kill a run at `kill_point`, resume it with `mechanism` switched off; returns its run directory."""
+    run_dir = tmp_path / "run"
+    kill_when_frozen(start_fit(run_dir, "-c", freeze_config(tmp_path, **kill_point), *args), tmp_path / "frozen")
+    disable = {"class_path": "kill_points.Disable", "init_args": {"mechanism": mechanism}}
+    finish(start_fit(run_dir, "--ckpt_path=last", "-c", extra_config(tmp_path / "disable.yaml", callbacks=[disable]),
+                     *args))  # fmt: skip
+    return run_dir
+
+
+@pytest.mark.parametrize(
+    "mechanism, args, kill_point",
+    [("rng_restore", ["--model.dropout=0.2"], "mid_epoch"),
+     ("loader_state", [], "mid_epoch"),
+     ("sampler_epoch", [], "mid_second_epoch")],
+    ids=["rng_restore", "loader_state", "sampler_epoch"],
+)  # fmt: skip
+def test_without_it_a_resumed_run_is_not_exact(tmp_path, tmp_path_factory, mechanism, args, kill_point):
+    reference = reference_run(tmp_path_factory, args)
+    run_dir = killed_then_resumed_without(tmp_path, args, mechanism, **KILL_POINTS[kill_point])
+    with pytest.raises(AssertionError):
+        assert_same_run(reference, run_dir)
+
+
+def test_without_it_a_checkpoint_goes_live_before_its_steps_are_logged(run_dir, monkeypatch):
+    """LastCheckpoint writes a state at the hook after it was taken, once Lightning has logged the step before it:
+    written at once instead, last.ckpt holds step S while step S-1 is not yet logged."""
+    from test_cli import log_steps_against_last_ckpt
+
+    from template_package.resume import LastCheckpoint
+
+    stage = LastCheckpoint._stage
+
+    def stage_and_write_at_once(self, trainer):
+        stage(self, trainer)
+        self._write_staged(trainer)
+        self._wait_for_write()
+
+    monkeypatch.setattr(LastCheckpoint, "_stage", stage_and_write_at_once)
+    seen = log_steps_against_last_ckpt(run_dir, monkeypatch)
+    assert any(step < saved for step, saved in seen)
+
+
+def test_without_it_augmentations_depend_on_the_number_of_workers(tmp_path, monkeypatch):
+    """SeededAugmentation draws each sample's crop and flip from (seed, epoch, index); drawn from the worker's own
+    generator instead, 0 and 2 workers train different bits."""
+    from test_images import image_args, make_tree
+
+    from template_package.sampling import SeededAugmentation
+
+    def unseeded(self, key):
+        image, target = self.dataset[key[1]]
+        return self.transform(image), target
+
+    monkeypatch.setattr(SeededAugmentation, "__getitem__", unseeded)
+    tree = make_tree(tmp_path / "tree")
+    weights = []
+    for workers in (0, 2):
+        run_dir = tmp_path / f"workers{workers}"
+        cli("fit", f"--trainer.default_root_dir={run_dir}", *image_args(tree), f"--data.num_workers={workers}")
+        weights.append(torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"])
+    assert not all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
