@@ -36,12 +36,15 @@ def machine() -> dict[str, str]:
     """What the curve's bits depend on beyond the code."""
     import torch
 
-    cpu = platform.processor() or platform.machine()
+    cpu, isa = platform.processor() or platform.machine(), ""
     cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.is_file():
-        names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines() if "model name" in line]
+    if cpuinfo.is_file():  # the model's name, and the vector instructions that pick the kernels torch runs
+        lines = cpuinfo.read_text().splitlines()
+        names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")]
+        flags = next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), [])
         cpu = names[0] if names else cpu
-    return {"cpu": cpu, "torch": torch.__version__, "threads": str(torch.get_num_threads())}
+        isa = " ".join(sorted({"avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "fma"} & set(flags)))
+    return {"cpu": cpu, "isa": isa, "torch": torch.__version__, "threads": str(torch.get_num_threads())}
 
 
 def run(run_dir: Path, *args: str) -> list[tuple[int, float]]:
