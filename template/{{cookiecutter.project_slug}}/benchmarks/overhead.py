@@ -1,4 +1,4 @@
-"""What the Trainer costs on top of a hand-written loop: `python benchmarks/overhead.py [--features off]`.
+"""What the Trainer costs on top of a hand-written loop: `python benchmarks/overhead.py [--features off|template]`.
 
 Runs the project's Trainer (configured by the CLI from configs/default.yaml) and benchmarks/reference_loop.py on
 the same model, data and recipe, interleaved epoch by epoch (a Trainer epoch, then a reference epoch, ...) so that
@@ -9,8 +9,11 @@ epoch is, whole: its steps and its epoch-end work.
 
 --features on (default): logging, progress bar and checkpointing as configured. --features off: none of them.
 --features bare: Lightning's own floor, with nothing of the template but its model and recipe: the model without
-its NaN check and logging, in `Trainer(barebones=True)`, built without the CLI. Validation is off in all three, since
-the reference loop does not validate.
+its NaN check and logging, in `Trainer(barebones=True)`, built without the CLI. Validation is off in all of them,
+since the reference loop does not validate. --features template: the template (on) against Lightning's floor (bare),
+a fit of each per repeat, each against the reference loop in its own fit; the last line is `template overhead <x>`,
+the median of template / bare over the repeats, with the spread. `--without FEATURE` (repeatable) drops a feature
+from the template's side, to measure what it costs.
 
 --gpu: a torchvision ResNet-18 on CIFAR-sized random 3x32x32 images held in memory (no download), batch 256, on
 one CUDA GPU, also reporting samples/s and the peak GPU memory of each side run alone. Add --precision 16-mixed,
@@ -37,6 +40,7 @@ from torch.utils.data import TensorDataset
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import reference_loop  # noqa: E402
 
+from template_package.callbacks import Throughput  # noqa: E402
 from template_package.cli import auto_precision, build_cli  # noqa: E402
 from template_package.data import ImageDataModule  # noqa: E402
 from template_package.model import ImageClassifier  # noqa: E402
@@ -94,6 +98,23 @@ class Interleave(L.Callback):
         self.reference_seconds_per_step = self.reference_seconds / self.reference_steps
 
 
+# The default config's callbacks, and what `--without` drops from the template's features to measure each one.
+DEFAULT_CALLBACKS = {
+    "progress_bar": "template_package.callbacks.TimedProgressBar",
+    "rng_state": "template_package.resume.ResumableRNGState",
+    "confusion_matrix": "template_package.callbacks.ConfusionMatrixImage",
+    "throughput": "template_package.callbacks.Throughput",
+}
+WITHOUT = {
+    "progress_bar": ["--trainer.enable_progress_bar=false"],
+    "logging": ["--trainer.logger=false", "--trainer.log_every_n_steps=1000000"],
+    "checkpointing": ["--trainer.enable_checkpointing=false"],
+    "throughput": [],  # dropped from the callbacks, as these two
+    "rng_state": [],
+    "confusion_matrix": [],
+}
+
+
 def trainer_args(options: argparse.Namespace, root: str, epochs: int, callbacks: list[str]) -> list[str]:
     args = ["fit", *(f"--config={path}" for path in options.config)]
     args += [f"--trainer.max_epochs={epochs}", f"--trainer.default_root_dir={root}"]
@@ -101,7 +122,10 @@ def trainer_args(options: argparse.Namespace, root: str, epochs: int, callbacks:
     args += ["--trainer.enable_model_summary=false"]
     args += [f"--{key}={value}" for key, value in model_and_data_args(options).items()]
     if options.features == "on":
-        args += [f"--trainer.callbacks+={callback}" for callback in callbacks]
+        kept = [path for name, path in DEFAULT_CALLBACKS.items() if name not in options.without]
+        args += [f"--trainer.callbacks=[{', '.join(kept + callbacks)}]"]
+        for feature in options.without:
+            args += WITHOUT[feature]
     else:
         args += [f"--trainer.callbacks=[{', '.join(callbacks)}]", "--trainer.logger=false"]
         args += ["--trainer.enable_progress_bar=false", "--trainer.enable_checkpointing=false"]
@@ -153,7 +177,8 @@ def fit_interleaved(options: argparse.Namespace, root: str) -> tuple[float, floa
         args = trainer_args(options, root, options.epochs, [interleave])
         trainer = build_cli(args, RandomImages if options.gpu else ImageDataModule).trainer
     timer = next(c for c in trainer.callbacks if isinstance(c, Interleave))
-    wait_share = trainer.logged_metrics.get("perf/data_wait_share")
+    throughput = next((c for c in trainer.callbacks if isinstance(c, Throughput)), None)
+    wait_share = throughput.latest.get("perf/data_wait_share") if throughput else None
     return timer.trainer_seconds_per_step, timer.reference_seconds_per_step, wait_share and float(wait_share)
 
 
@@ -165,7 +190,7 @@ class BareClassifier(ImageClassifier):
         return F.cross_entropy(self(images), targets)
 
 
-def fit_bare(options: argparse.Namespace, root: str) -> L.Trainer:
+def fit_bare(options: argparse.Namespace, root: str, callbacks: list[L.Callback] | None = None) -> L.Trainer:
     """The recipe of configs/default.yaml in `Trainer(barebones=True)`, which skips Lightning's logging, progress and
     checkpointing machinery: what any Lightning training loop costs at least."""
     data = datamodule(options)
@@ -174,7 +199,8 @@ def fit_bare(options: argparse.Namespace, root: str) -> L.Trainer:
         options.arch, data.num_classes, data.in_channels, compile=options.compile, channels_last=options.channels_last
     )
     trainer = L.Trainer(
-        barebones=True, max_epochs=options.epochs, gradient_clip_val=1.0, deterministic=True, callbacks=[Interleave()],
+        barebones=True, max_epochs=options.epochs, gradient_clip_val=1.0, deterministic=True,
+        callbacks=callbacks if callbacks is not None else [Interleave()],
         precision=precision(options), default_root_dir=root,
         accelerator="gpu" if options.gpu else "cpu", devices=1, limit_val_batches=0,
     )  # fmt: skip
@@ -197,9 +223,32 @@ def peak_memory_mib(options: argparse.Namespace, root: str) -> tuple[float, floa
     return peaks[0], peaks[1]
 
 
+def template_overhead(options: argparse.Namespace) -> None:
+    """--features template: per repeat, the template as configured (features on) and bare Lightning, each timed
+    against the reference loop interleaved in its own fit; their ratio is what the template costs over Lightning's
+    own floor, the reference cancelling the machine's drift between the two fits."""
+    ratios = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for repeat in range(1, options.repeats + 1):
+            per_side = {}
+            for side in ("on", "bare"):
+                t, r, _ = fit_interleaved(
+                    argparse.Namespace(**{**vars(options), "features": side}), f"{tmp}/{side}{repeat}"
+                )
+                per_side[side] = t / r
+            ratios.append(per_side["on"] / per_side["bare"])
+            print(f"repeat {repeat}: template {per_side['on']:.3f}, bare {per_side['bare']:.3f} x the hand loop, "
+                  f"template / bare {ratios[-1]:.3f}", flush=True)  # fmt: skip
+    without = f" without {', '.join(options.without)}" if options.without else ""
+    print(f"template overhead {statistics.median(ratios):.3f} ({min(ratios):.3f}..{max(ratios):.3f}, "
+          f"{options.repeats} paired repeats{without})")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--features", choices=["on", "off", "bare"], default="on")
+    parser.add_argument("--features", choices=["on", "off", "bare", "template"], default="on")
+    parser.add_argument("--without", action="append", default=[], choices=sorted(WITHOUT),
+                        help="with --features template: a feature to drop, to measure what it costs")  # fmt: skip
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--gpu", action="store_true", help="ResNet-18 on random 32x32 images on one CUDA GPU")
@@ -211,6 +260,8 @@ def main() -> None:
     options = parser.parse_args()
     options.arch, options.batch_size = ("resnet18", 256) if options.gpu else ("small_cnn", 64)
     sys.argv = sys.argv[:1]  # LightningCLI gets its arguments from the list built here, not from this command line
+    if options.features == "template":
+        return template_overhead(options)
     times: dict[str, list[float]] = {"trainer": [], "reference": []}
     wait_shares = []
     with tempfile.TemporaryDirectory() as tmp:

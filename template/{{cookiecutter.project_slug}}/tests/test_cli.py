@@ -53,17 +53,26 @@ def test_resume_continues_the_same_run(run_dir: Path):
 
 def log_steps_against_last_ckpt(run_dir: Path, monkeypatch) -> list[tuple[int, int]]:
     """Train with a checkpoint every 2 steps; at every write to TensorBoard, (the step written, the step last.ckpt
-    holds then)."""
+    holds then). The model also logs its loss with `self.log`, as a user's own metric would be: Lightning writes
+    those after on_train_batch_end, where the checkpoint is taken."""
     from lightning.pytorch.loggers import TensorBoardLogger
 
+    from template_package.model import ImageClassifier
+
     last, seen = run_dir / "checkpoints" / "last.ckpt", []
-    log_metrics = TensorBoardLogger.log_metrics
+    log_metrics, training_step = TensorBoardLogger.log_metrics, ImageClassifier.training_step
+
+    def training_step_with_a_users_metric(self, batch, batch_idx):
+        loss = training_step(self, batch, batch_idx)
+        self.log("user/loss", loss)
+        return loss
 
     def spy(self, metrics, step=None):
         seen.append((step, torch.load(last, weights_only=True)["global_step"] if last.exists() else 0))
         return log_metrics(self, metrics, step)
 
     monkeypatch.setattr(TensorBoardLogger, "log_metrics", spy)
+    monkeypatch.setattr(ImageClassifier, "training_step", training_step_with_a_users_metric)
     cli("fit", f"--trainer.default_root_dir={run_dir}", "--last_checkpoint.every_n_steps=2",
         "--trainer.log_every_n_steps=1", *QUICK)  # fmt: skip
     return seen

@@ -86,8 +86,8 @@ def test_a_failed_last_ckpt_write_stops_the_run_and_leaves_the_previous_one(tmp_
     )
     assert last.read_bytes() == before.read_bytes() and saved_step(run_dir) == 2
     assert not list(last.parent.glob("*.tmp"))
-    # Stopped at the step after the failed write (whose metrics are never logged), not at the next write.
-    assert max(step for step, _ in scalars(run_dir)["train/loss"]) == 3
+    # Stopped at the step after the failed write (step 5, logged as 4), not at the next write (6).
+    assert max(step for step, _ in scalars(run_dir)["train/loss"]) == 4
     resume(run_dir, *ARGS)
     assert_same_run(reference, run_dir)
 

@@ -2,6 +2,7 @@
 
 - `PredictionsCSV`: `predict` writes one row per input, with the predicted class and every class probability.
 - `ConfusionMatrixImage`: TensorBoard shows the validation confusion matrix as an image after every validation.
+- `TimedProgressBar`: Lightning's TQDM bar, redrawn by time, not every n batches.
 - `Throughput`: samples/s and the share of time the loop waits for data. (Lightning's ThroughputMonitor counts
   samples/s and FLOPs but does not separate the wait for data, which is what tells a slow loader apart.)
 """
@@ -11,7 +12,7 @@ import time
 from pathlib import Path
 
 import lightning as L
-from lightning.pytorch.callbacks import BasePredictionWriter, Callback
+from lightning.pytorch.callbacks import BasePredictionWriter, Callback, TQDMProgressBar
 
 
 class PredictionsCSV(BasePredictionWriter):
@@ -70,13 +71,31 @@ class ConfusionMatrixImage(Callback):
                 logger.experiment.add_image("val/confusion_matrix", image.unsqueeze(0).cpu(), trainer.global_step)
 
 
+class TimedProgressBar(TQDMProgressBar):
+    """Lightning's TQDM progress bar, redrawn at most every `refresh_seconds` (and at the end of each epoch) instead
+    of every n batches: a redraw every 10 batches cost 170 us of each digits step, 1.9% (benchmarks/feature_costs.py),
+    and a fixed batch count redraws fast steps too often and slow ones too rarely."""
+
+    def __init__(self, refresh_seconds: float = 1.0, leave: bool = False) -> None:
+        super().__init__(refresh_rate=1, leave=leave)
+        self.refresh_seconds = refresh_seconds
+        self._drawn = 0.0
+
+    def _should_update(self, current: int, total: int) -> bool:  # Lightning asks this once per batch
+        now = time.monotonic()
+        if self.is_enabled and (current == total or now - self._drawn >= self.refresh_seconds):
+            self._drawn = now
+            return True
+        return False
+
+
 class Throughput(Callback):
     """Logs `perf/samples_per_sec` and `perf/data_wait_share` on the steps the logger writes, and
     `perf/epoch_seconds` at every epoch end.
 
     They go straight to the loggers, as with Lightning's own LearningRateMonitor and ThroughputMonitor: through
     `self.log` each value would cost ~0.6 ms of Python (measured), 4% of a digits step. So they are not in
-    `trainer.callback_metrics` and cannot be monitored; `trainer.logged_metrics` has the latest values.
+    `trainer.callback_metrics` and cannot be monitored; `latest` holds the values last written.
 
     The data wait is the time the training loop spends fetching its next batch: Lightning brackets each fetch with
     `trainer.profiler.start/stop("[_TrainingEpochLoop].train_dataloader_next")`, which this callback times through a
@@ -89,6 +108,7 @@ class Throughput(Callback):
     def __init__(self) -> None:
         self._reset()
         self._epoch_started: float | None = None  # None in a run resumed mid-epoch: its epoch time is not whole
+        self.latest: dict[str, float] = {}  # the values last written
 
     def _reset(self) -> None:
         self._last_start = None  # the gap across an epoch boundary or validation is not a step
@@ -112,7 +132,7 @@ class Throughput(Callback):
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._epoch_started is not None:  # the wall time of the epoch, its validation included
             seconds = time.perf_counter() - self._epoch_started
-            trainer._logger_connector.log_metrics({"perf/epoch_seconds": seconds}, step=trainer.global_step - 1)
+            write_to_loggers(trainer, {"perf/epoch_seconds": seconds}, step=trainer.global_step - 1)
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int) -> None:
         now = time.perf_counter()
@@ -125,10 +145,18 @@ class Throughput(Callback):
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
         if self._seconds > 0 and trainer._logger_connector.should_update_logs:
-            metrics = {"perf/samples_per_sec": self._samples / self._seconds}
-            metrics["perf/data_wait_share"] = self._waiting / self._seconds
-            trainer._logger_connector.log_metrics(metrics)  # at the logger's step for this batch, on every logger
+            self.latest = {"perf/samples_per_sec": self._samples / self._seconds}
+            self.latest["perf/data_wait_share"] = self._waiting / self._seconds
+            write_to_loggers(trainer, self.latest, step=trainer.global_step - 1)  # the step of this batch
             self._samples, self._seconds, self._waiting = 0, 0.0, 0.0
+
+
+def write_to_loggers(trainer: L.Trainer, metrics: dict[str, float], step: int) -> None:
+    """Straight to every logger, without the flush that Lightning's own path makes after each write (a flush per
+    logged step cost ~50 us of a step, measured with benchmarks/feature_costs.py; LastCheckpoint flushes the loggers
+    before each checkpoint, which is when it matters)."""
+    for logger in trainer.loggers:
+        logger.log_metrics(metrics, step=step)
 
 
 class _FetchTimer:
@@ -146,6 +174,9 @@ class _FetchTimer:
         self.profiler.stop(action_name)
         if action_name.endswith(self._action):
             self._report(time.perf_counter() - self._started)
+
+    def profile(self, action_name: str):  # what Lightning calls around every hook: a method, not __getattr__
+        return self.profiler.profile(action_name)
 
     def __getattr__(self, name: str):
         return getattr(self.profiler, name)

@@ -248,6 +248,8 @@ class ProjectCLI(LightningCLI):
     before_validate = before_test = before_predict = _check_architecture
 
     def before_fit(self) -> None:
+        # The predictions writer only serves predict; in fit it would only cost every training hook a call.
+        self.trainer.callbacks[:] = [c for c in self.trainer.callbacks if not isinstance(c, PredictionsCSV)]
         self._check_architecture()
         if self.checkpoint is not None:  # the trainer knows its world size now, before any process is started
             check_world_size(self.config_init["fit"].ckpt_path, self.checkpoint, self.trainer.world_size)
@@ -274,13 +276,25 @@ def main(args: list[str] | None = None) -> ProjectCLI:
         # Lightning's own SIGTERM exception exits 0; a scheduler must see that the run was stopped.
         if not stop.code and STOP_SIGNALS.exit_code is not None:
             raise SystemExit(STOP_SIGNALS.exit_code) from None
+        if stop.code is not None and stop.code == STOP_SIGNALS.exit_code:
+            leave_process_group()  # every rank stops at the same step (resume.LastCheckpoint)
         raise
     finally:
         exit_code = STOP_SIGNALS.exit_code
         STOP_SIGNALS.uninstall()
+    leave_process_group()
     if exit_code is not None:  # a signal after training had ended: its final state is saved
         raise SystemExit(exit_code)
     return cli
+
+
+def leave_process_group() -> None:
+    """Destroy the process group of a multi-process run that ended on every rank. Left to the interpreter's exit,
+    gloo's threads are torn down after Python's and the process can abort (SIGABRT, "terminate called without an
+    active exception"; it failed a 2-task SLURM job here once, pytorch/pytorch#190489). Not after an error:
+    the other ranks may be inside a collective, and destroying would hang (pytorch/torchtitan#1342)."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 def sweep(args: list[str]) -> None:

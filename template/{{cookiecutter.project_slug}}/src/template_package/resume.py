@@ -238,11 +238,14 @@ class LastCheckpoint(Callback):
 
     def _write_staged(self, trainer: L.Trainer) -> None:
         """Write the staged state to last.ckpt: called at the hook after `_stage`, once that step's metrics are
-        logged (a resumed run drops what was logged from the checkpoint's step on and logs it again)."""
+        logged, and flushed to disk first (a resumed run drops what was logged from the checkpoint's step on and
+        logs it again, so every step before it must be on disk before the checkpoint is)."""
         if self._staged is None:
             return
         state, copied = self._staged
         self._staged = None
+        for logger in trainer.loggers:
+            logger.save()
         if self._writes_in_background(trainer):
             self._write = self._writer.submit(self._write_in_background, state, copied)
         else:
