@@ -18,8 +18,10 @@ from the template's side, to measure what it costs.
 --gpu: a torchvision ResNet-18 on CIFAR-sized random 3x32x32 images held in memory (no download), batch 256, on
 one CUDA GPU, also reporting samples/s and the peak GPU memory of each side run alone. Add --precision 16-mixed,
 --channels-last, --compile to measure those switches (`model.channels_last`, `model.compile`). --config FILE adds
-a preset to the Trainer run (e.g. configs/fast.yaml); global torch settings it makes, such as deterministic mode,
-hold for both.
+a preset to the Trainer run; global torch settings it makes, such as deterministic mode, hold for both.
+`--gpu --config configs/fast.yaml` measures the GPU fast path (data held on the GPU, fused AdamW, CUDA graphs,
+channels_last) against the plain hand-written loop (a loader from host memory, AdamW's default, no graphs): an
+overhead ratio of 0.67 is 1.5x its samples/s.
 """
 
 import argparse
@@ -138,7 +140,8 @@ def model_and_data_args(options: argparse.Namespace) -> dict[str, object]:
         args |= {"trainer.accelerator": "gpu", "trainer.devices": 1, "model.arch": options.arch, "data.image_size": 32}
     if options.num_workers is not None:
         args["data.num_workers"] = options.num_workers
-    return args | {"model.channels_last": options.channels_last, "model.compile": options.compile}
+    # Given only when switched on here, so that a --config preset's own switches hold (configs/fast.yaml).
+    return args | {f"model.{name}": True for name in ("channels_last", "compile") if getattr(options, name)}
 
 
 def datamodule(options: argparse.Namespace) -> ImageDataModule:

@@ -185,8 +185,13 @@ def test_kill_inside_an_accumulation_window(tmp_path, tmp_path_factory):
 
 @pytest.mark.parametrize(
     "variant",
-    [["--data.num_workers=2"], ["--trainer.precision=bf16-mixed"], ["-c", str(PROJECT_ROOT / "configs" / "ema.yaml")]],
-    ids=["workers2", "bf16", "ema"],
+    [
+        ["--data.num_workers=2"],
+        ["--trainer.precision=bf16-mixed"],
+        ["-c", str(PROJECT_ROOT / "configs" / "ema.yaml")],
+        ["--data.on_device=true", "--model.fused_optimizer=true", "--model.channels_last=true"],  # configs/fast.yaml's
+    ],
+    ids=["workers2", "bf16", "ema", "fast-switches"],
 )
 def test_variants_resume_bit_identical_mid_epoch(tmp_path, tmp_path_factory, variant):
     assert_kill_and_resume_exact(tmp_path, tmp_path_factory, variant, hook="on_train_batch_end", step=8)

@@ -5,6 +5,9 @@ Digits (1,797 8x8 grayscale images, 10 classes) ship inside scikit-learn, so the
 For your own data, set `data_dir` to a folder with `train/<class>/*.jpg`, `val/<class>/*.jpg` and optionally
 `test/<class>/*.jpg`. Loaders are torchdata `StatefulDataLoader`s: Lightning saves their position in each checkpoint
 and restores it on resume, so a run resumed mid-epoch sees the same batches as one that never stopped.
+
+With `on_device`, in-memory splits are held on the training device and batches are gathered there: the GPU fast
+path (configs/fast.yaml), with no loader work and no host-to-device copy of images per batch.
 """
 
 import os
@@ -12,7 +15,7 @@ from pathlib import Path
 
 import lightning as L
 import torch
-from torch.utils.data import Dataset, TensorDataset
+from torch.utils.data import BatchSampler, Dataset, SequentialSampler, TensorDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from .images import ImageFiles, digits_like_transform, image_folder_transforms, load_rgb_image
@@ -40,6 +43,26 @@ def digits_splits(val_fraction: float, test_fraction: float, seed: int) -> tuple
     return tuple(TensorDataset(images[idx], targets[idx]) for idx in parts)
 
 
+class DeviceTensors(Dataset):
+    """A TensorDataset's tensors moved to `device`, indexed a batch at a time (keys are lists of indices).
+
+    The indices go to the device from pinned memory without blocking: a plain copy from pageable memory would make
+    the host wait for the GPU to finish the previous step before queueing the next one."""
+
+    def __init__(self, dataset: TensorDataset, device: torch.device) -> None:
+        self.tensors = [tensor.to(device) for tensor in dataset.tensors]
+        self.device = device
+
+    def __len__(self) -> int:
+        return len(self.tensors[0])
+
+    def __getitem__(self, indices: list[int]) -> tuple[torch.Tensor, ...]:
+        index = torch.tensor(indices)
+        if self.device.type == "cuda":
+            index = index.pin_memory().to(self.device, non_blocking=True)
+        return tuple(tensor[index] for tensor in self.tensors)
+
+
 def default_num_workers() -> int:
     """Half the CPUs (the main process needs the rest), at most 8; 0 on a single core."""
     return min(8, (os.cpu_count() or 1) // 2)
@@ -62,6 +85,9 @@ class ImageDataModule(L.LightningDataModule):
         classes: the class names; found in `data_dir/train` when not given. Saved in every checkpoint with the other
             settings, so that `predict --ckpt_path X --data.predict_dir DIR` needs neither the training folder nor
             these options again.
+        on_device: hold the in-memory splits (digits, or any TensorDataset) on the training device and gather each
+            training, validation and test batch there (`DeviceTensors`). Same batches, same order, same resume as
+            without it; on a GPU it needs the data to fit in its memory, and num_workers 0.
     """
 
     def __init__(
@@ -75,6 +101,7 @@ class ImageDataModule(L.LightningDataModule):
         split_seed: int = 0,
         predict_dir: str | None = None,
         classes: list[str] | None = None,
+        on_device: bool = False,
     ) -> None:
         super().__init__()
         if classes is None:
@@ -82,7 +109,12 @@ class ImageDataModule(L.LightningDataModule):
         self.save_hyperparameters()
         self.hparams.classes = self.classes = list(classes)  # saved in checkpoints with the found ones
         if num_workers is None:
-            num_workers = 0 if data_dir is None else default_num_workers()
+            num_workers = 0 if data_dir is None or on_device else default_num_workers()
+        if on_device and num_workers:
+            raise ValueError(
+                f"data.num_workers={num_workers} with data.on_device: loader processes cannot index data held on the "
+                "GPU; set data.num_workers 0 (batches are gathered on the device, no worker is needed)"
+            )
         self.num_workers = num_workers
         self.datasets: dict[str, Dataset] = {}
 
@@ -132,16 +164,32 @@ class ImageDataModule(L.LightningDataModule):
         self.datasets["train"] = SeededAugmentation(training, train_tf, torch.initial_seed())
         self.datasets["predict"] = self.datasets["test"]
 
+    def _device_tensors(self, split: str) -> DeviceTensors:
+        """The split moved to the training device, once."""
+        dataset = self.datasets[split]
+        if not isinstance(dataset, DeviceTensors | TensorDataset):
+            raise ValueError(
+                f"data.on_device holds in-memory data (digits, a TensorDataset) on the device; the {split} split is a "
+                f"{type(dataset).__name__} read from files: leave data.on_device off"
+            )
+        if isinstance(dataset, TensorDataset):
+            device = self.trainer.strategy.root_device if self.trainer else torch.device("cpu")
+            self.datasets[split] = dataset = DeviceTensors(dataset, device)
+        return dataset
+
     def _loader(self, split: str) -> StatefulDataLoader:
         train = split == "train"
-        dataset = self.datasets[split]
+        on_device = self.hparams.on_device and split != "predict"  # (predictions are written on the host anyway)
+        dataset = self._device_tensors(split) if on_device else self.datasets[split]
         batch_size, sampler = self.hparams.batch_size, None
+        if on_device and not train:
+            sampler, batch_size = BatchSampler(SequentialSampler(dataset), batch_size, drop_last=False), None
         if train:
             # The shuffle follows the training seed (seed_everything sets torch.initial_seed); evaluation order stays
             # fixed, so predictions line up with the files.
             # In-memory tensors are gathered a batch at a time: one index operation instead of batch_size
             # __getitem__ calls and a stack, which cost ~1 ms, 6% of a digits step on 2 CPU cores.
-            in_memory = isinstance(dataset, TensorDataset)
+            in_memory = isinstance(dataset, TensorDataset | DeviceTensors)
             replicas, rank = (self.trainer.world_size, self.trainer.global_rank) if self.trainer else (1, 0)
             sampler = EpochShuffleSampler(
                 len(dataset), torch.initial_seed(), batch_size if in_memory else None, replicas, rank,
@@ -157,7 +205,7 @@ class ImageDataModule(L.LightningDataModule):
             # A tiny last batch would make BatchNorm statistics and the loss noisy (the batching sampler drops it).
             drop_last=train and batch_size is not None,
             num_workers=self.num_workers,
-            pin_memory=torch.cuda.is_available(),  # pinning only helps host-to-GPU copies
+            pin_memory=torch.cuda.is_available() and not on_device,  # pinning only helps host-to-GPU copies
             persistent_workers=self.num_workers > 0,  # no process start-up cost at every epoch
         )
 

@@ -7,6 +7,7 @@ copied into another package together with them. Metric names: train/loss, val/lo
 import lightning as L
 import torch
 import torch.nn.functional as F
+from lightning.fabric.utilities.throughput import measure_flops
 from lightning.pytorch.plugins.precision import Precision
 from torch import Tensor, nn
 from torchmetrics.classification import MulticlassAccuracy
@@ -42,10 +43,15 @@ class ImageClassifier(L.LightningModule):
         label_smoothing: cross-entropy label smoothing.
         dropout: dropout before the head of small_cnn (0: none).
         compile: compile the network with torch.compile (in place, so checkpoints keep the plain parameter names
-            and load into an uncompiled model). Pays off on GPUs for larger models; the first steps are slow.
+            and load into an uncompiled model): true, or a torch.compile mode such as "reduce-overhead", which
+            replays each step's kernels as CUDA graphs (what pays for small models, whose steps are short next to
+            the time it takes to launch their kernels one by one). Pays off on GPUs; the first steps are slow.
         channels_last: keep conv weights and input images in channels-last (NHWC) memory layout, which the
             tensor-core convolution kernels of mixed precision on CUDA read without transposing. Checkpoints load
             either way; see benchmarks/overhead.py for its measured effect.
+        fused_optimizer: AdamW's fused implementation, one kernel for all parameters instead of a few per tensor
+            (CUDA and CPU). Deterministic, so runs repeat and resume exactly, but its rounding differs from the default
+            AdamW's: its runs are not bit-identical to runs without it (nor to benchmarks/reference_loop.py).
     """
 
     def __init__(
@@ -60,8 +66,9 @@ class ImageClassifier(L.LightningModule):
         min_lr_ratio: float = 0.01,
         label_smoothing: float = 0.0,
         dropout: float = 0.0,
-        compile: bool = False,
+        compile: bool | str = False,
         channels_last: bool = False,
+        fused_optimizer: bool = False,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -76,7 +83,8 @@ class ImageClassifier(L.LightningModule):
         if self.hparams.channels_last:
             self.net.to(memory_format=torch.channels_last)  # in place: the optimizer sees the same parameters
         if self.hparams.compile:
-            self.net.compile()  # nn.Module.compile: unlike torch.compile(net), adds no "_orig_mod." to the keys
+            mode = None if self.hparams.compile is True else self.hparams.compile
+            self.net.compile(mode=mode)  # nn.Module.compile: unlike torch.compile(net), adds no "_orig_mod." to keys
 
     def forward(self, images: Tensor) -> Tensor:
         if self.hparams.channels_last:
@@ -112,7 +120,7 @@ class ImageClassifier(L.LightningModule):
                 f"{self.current_epoch}: lower model.lr, check the inputs, or find the first bad operation with "
                 "--trainer.detect_anomaly true"
             )
-        self._loss_to_log = loss.detach()  # logged with the optimizer step (configure_gradient_clipping): the window's last
+        self._loss_to_log = loss.detach()  # logged with the optimizer step, see configure_gradient_clipping
         return loss
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
@@ -160,12 +168,25 @@ class ImageClassifier(L.LightningModule):
         return self(images).softmax(dim=-1)
 
     def configure_optimizers(self):
-        optimizer = torch.optim.AdamW(weight_decay_groups(self, self.hparams.weight_decay), lr=self.hparams.lr)
+        groups = weight_decay_groups(self, self.hparams.weight_decay)
+        fused = self.hparams.fused_optimizer or None  # None: torch's default (foreach on CUDA)
+        optimizer = torch.optim.AdamW(groups, lr=self.hparams.lr, fused=fused)
         # The run's length is set in on_train_start, see WarmupCosineSchedule.
         scheduler = WarmupCosineSchedule(optimizer, self.hparams.warmup, min_lr_ratio=self.hparams.min_lr_ratio)
         # interval="step": Lightning steps the schedule once per optimizer step, i.e. after each full
         # accumulation window, so the schedule counts optimizer steps, not batches.
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def flops_per_sample(self, image_shape: tuple[int, ...]) -> int:
+        """FLOPs of training on one image of `image_shape` (C, H, W), forward and backward, for `perf/mfu` (see
+        callbacks.Throughput): Lightning's `measure_flops` on a copy of the network built on the meta device, so
+        counting allocates nothing and draws no random numbers (training draws the same with and without it).
+        Counted on 2 images (BatchNorm refuses 1), halved."""
+        hp = self.hparams
+        with torch.device("meta"):
+            net = create_net(hp.arch, hp.num_classes, hp.in_channels, False, hp.dropout)
+            images = torch.empty(2, *image_shape)
+        return measure_flops(net, lambda: net(images), lambda logits: logits.sum()) // 2
 
     def on_train_start(self) -> None:
         schedule = self.lr_schedulers()
