@@ -73,7 +73,8 @@ class ImageClassifier(L.LightningModule):
         super().__init__()
         self.save_hyperparameters()
         self.net = create_net(arch, num_classes, in_channels, pretrained, dropout)
-        self._norms_since_log: list[Tensor] = []  # for train/clip_share
+        self._clipped_steps: Tensor | int = 0  # for train/clip_share: clipped optimizer steps since the last log
+        self._steps_since_log = 0
         self._loss_to_log: Tensor | None = None
         self.grad_norm: Tensor | None = None  # the total gradient norm of the last step that computed it
         self.val_acc = MulticlassAccuracy(num_classes, average="micro")
@@ -136,11 +137,13 @@ class ImageClassifier(L.LightningModule):
         if gradient_clip_algorithm in (None, "norm") and plain and (gradient_clip_val or logging):
             norm = torch.nn.utils.clip_grad_norm_(plugin.main_params(optimizer), gradient_clip_val or float("inf"))
             self.grad_norm = norm
-            self._norms_since_log.append(norm)  # kept as tensors: no sync, no tensor op on the steps not logged
+            if gradient_clip_val:  # counted on the device: no sync until a logged step reads it
+                self._clipped_steps = self._clipped_steps + (norm > gradient_clip_val)
+            self._steps_since_log += 1
             if logging:
-                clipped = torch.stack(self._norms_since_log) > (gradient_clip_val or float("inf"))
-                metrics = {"train/grad_norm": norm, "train/clip_share": clipped.float().mean()}
-                self._norms_since_log = []
+                share = self._clipped_steps / self._steps_since_log
+                metrics = {"train/grad_norm": norm, "train/clip_share": share}
+                self._clipped_steps, self._steps_since_log = 0, 0
         else:  # clipping by value, FSDP, or nothing to do
             self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
         if logging:
