@@ -38,6 +38,13 @@ def test_a_change_of_the_runs_math_is_refused_in_one_line(finished_run, flag, ol
     assert files(finished_run) == before
 
 
+def test_where_the_data_is_loaded_may_change(finished_run, capsys):
+    """data.on_device gathers the same batches (tests/test_fast_path.py): a resume may switch it, with a notice."""
+    resume(finished_run, *ARGS, "--trainer.max_epochs=3", "--data.on_device=true")
+    assert "data.on_device False -> True" in capsys.readouterr().out
+    assert len(scalars(finished_run)["train/loss"]) == 18
+
+
 def test_a_longer_run_keeps_its_schedule_and_says_so(finished_run, capsys):
     """max_epochs 2 -> 3: the added epoch trains at the schedule's final rate, not on a cosine stretched anew."""
     resume(finished_run, *ARGS, "--trainer.max_epochs=3")

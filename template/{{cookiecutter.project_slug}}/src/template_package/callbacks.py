@@ -201,8 +201,8 @@ class Throughput(Callback):
 
 def write_to_loggers(trainer: L.Trainer, metrics: dict[str, float], step: int) -> None:
     """Straight to every logger, without the flush that Lightning's own path makes after each write (a flush per
-    logged step cost ~50 us of a step, measured with benchmarks/feature_costs.py; LastCheckpoint flushes the loggers
-    before each checkpoint, which is when it matters)."""
+    logged step cost ~50 us of a digits step, measured; LastCheckpoint flushes the loggers before each checkpoint,
+    which is when it matters)."""
     for logger in trainer.loggers:
         logger.log_metrics(metrics, step=step)
 

@@ -161,7 +161,7 @@ class RunConfigCallback(SaveConfigCallback):
 
 
 # How data is loaded on this machine, not what the model was trained on: never taken from a checkpoint.
-RUNTIME_DATA_OPTIONS = {"batch_size", "num_workers", "predict_dir"}
+RUNTIME_DATA_OPTIONS = {"batch_size", "num_workers", "predict_dir", "on_device"}
 
 
 class ProjectCLI(LightningCLI):

@@ -34,7 +34,7 @@ MATH = [
     "trainer.deterministic",
 ]
 # Of the model's and data's settings these may change: how the data is loaded, not which data.
-FREE_DATA = {"num_workers", "predict_dir"}
+FREE_DATA = {"num_workers", "predict_dir", "on_device"}
 # Shown when they change, then applied.
 NOTICED = [
     "trainer.max_epochs",
@@ -44,6 +44,7 @@ NOTICED = [
     "trainer.check_val_every_n_epoch",
     "last_checkpoint.every_n_steps",
     "data.num_workers",
+    "data.on_device",
 ]
 
 
