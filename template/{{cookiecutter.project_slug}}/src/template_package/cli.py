@@ -38,7 +38,7 @@ from .durable import DurableCheckpointIO
 from .errors import MACHINE_FAULTS, is_a_users_mistake, one_line
 from .model import ImageClassifier
 from .resume import LastCheckpoint
-from .resume_checks import check_resume_changes
+from .resume_checks import FREE_DATA, check_resume_changes
 from .run_directory import checkpoint_dir, configure_loggers, predictions_csv, resolve_resume, run_report
 from .run_lock import RunLock, is_global_rank_zero
 from .stop_signals import STOP_SIGNALS
@@ -160,8 +160,9 @@ class RunConfigCallback(SaveConfigCallback):
         super().setup(trainer, pl_module, "fit")
 
 
-# How data is loaded on this machine, not what the model was trained on: never taken from a checkpoint.
-RUNTIME_DATA_OPTIONS = {"batch_size", "num_workers", "predict_dir", "on_device"}
+# How data is loaded on this machine, not what the model was trained on: never taken from a checkpoint by validate,
+# test and predict. The batch size too, though a resumed fit compares it: there it is the run's math.
+RUNTIME_DATA_OPTIONS = FREE_DATA | {"batch_size"}
 
 
 class ProjectCLI(LightningCLI):
