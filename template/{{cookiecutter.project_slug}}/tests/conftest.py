@@ -19,6 +19,7 @@ import yaml
 from template_package.cli import main
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
+TESTS = Path(__file__).resolve().parent
 # Enough to exercise every hook in a couple of seconds: 2 epochs of 6 batches.
 QUICK = ["--trainer.max_epochs=2", "--trainer.limit_train_batches=6", "--trainer.enable_progress_bar=false"]
 
@@ -26,6 +27,46 @@ QUICK = ["--trainer.max_epochs=2", "--trainer.limit_train_batches=6", "--trainer
 @pytest.fixture
 def run_dir(tmp_path: Path) -> Path:
     return tmp_path / "run"
+
+
+@pytest.fixture(autouse=True)
+def work_in_a_folder_of_the_tests_own(tmp_path: Path, monkeypatch) -> None:
+    """Every test runs in its own temporary folder: a path left relative (a default `runs/...`, a preset's SQLite
+    file) lands there, never in the project being tested."""
+    monkeypatch.chdir(tmp_path)
+
+
+# What the tests must leave as they found it in the project (pytest_sessionfinish checks).
+PROJECT_OUTPUTS = ("runs", "lightning_logs", "mlruns")
+
+
+def fingerprint(root: Path) -> dict[str, tuple[int, int]]:
+    """(size, mtime) of every file under the project's output folders."""
+    files = [path for name in PROJECT_OUTPUTS for path in (root / name).rglob("*") if path.is_file()]
+    return {str(path): (path.stat().st_size, path.stat().st_mtime_ns) for path in files}
+
+
+def pytest_sessionstart(session) -> None:
+    session.config.project_outputs = fingerprint(PROJECT_ROOT)
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:
+    """A test must never write into the project it tests: the suite fails when runs/ (or another output folder of
+    the project) changed while it ran. (Checked once, in the main process, not in each xdist worker.)"""
+    if hasattr(session.config, "workerinput"):
+        return
+    before, after = session.config.project_outputs, fingerprint(PROJECT_ROOT)
+    changed = sorted(path for path in before.keys() | after.keys() if before.get(path) != after.get(path))
+    if changed:
+        print(f"\nerror: the tests wrote into the project: {', '.join(changed[:5])}", file=sys.stderr)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def subprocess_env(**extra: str) -> dict[str, str]:
+    """This process's environment for a `python -m template_package` child: the project's src/ and tests/ (for the
+    tests' own callbacks and plugins) put before the caller's PYTHONPATH, which is kept."""
+    paths = [str(PROJECT_ROOT / "src"), str(TESTS), os.environ.get("PYTHONPATH", "")]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p), **extra}
 
 
 # Processes a test started in a session of their own (see started()); whatever is left of them when the test ends,
@@ -54,11 +95,11 @@ def cli(*args: str):
     return main(list(args))
 
 
-def cli_subprocess(*args: str, cwd: Path = PROJECT_ROOT, timeout: float = 300) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(PROJECT_ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+def cli_subprocess(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """`python -m template_package ARGS` in a child process, in the test's folder."""
     return subprocess.run(
         [sys.executable, "-m", "template_package", *args],
-        cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
+        env=subprocess_env(), capture_output=True, text=True, timeout=timeout,
     )  # fmt: skip
 
 

@@ -1,12 +1,11 @@
 """`python -m template_package.export` writes a model whose outputs match the LightningModule's."""
 
-import os
 import subprocess
 import sys
 
 import pytest
 import torch
-from conftest import PROJECT_ROOT, QUICK, cli
+from conftest import QUICK, cli, subprocess_env
 
 from template_package.export import load_for_inference, run_exported
 
@@ -19,9 +18,12 @@ def checkpoint(tmp_path_factory) -> str:
 
 
 def export_command(*args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT / "src")}
     return subprocess.run(
-        [sys.executable, "-m", "template_package.export", *args], env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", "template_package.export", *args],
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
 
 

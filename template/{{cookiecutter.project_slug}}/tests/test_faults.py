@@ -15,9 +15,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import PROJECT_ROOT, QUICK, cli, extra_config, resume, scalars
+from conftest import QUICK, cli, extra_config, resume, scalars, subprocess_env
 from test_resume import (
-    TESTS,
     assert_same_run,
     finish,
     freeze_config,
@@ -111,10 +110,9 @@ def test_a_file_size_limit_stops_the_run_at_the_first_write(tmp_path, run_dir):
     def limit_file_size() -> None:
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(PROJECT_ROOT / "src"), str(TESTS)])}
     result = subprocess.run(
         [sys.executable, "-m", "template_package", "fit", f"--trainer.default_root_dir={run_dir}", *ARGS],
-        cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=300, preexec_fn=limit_file_size,
+        env=subprocess_env(), capture_output=True, text=True, timeout=300, preexec_fn=limit_file_size,
     )  # fmt: skip
     assert result.returncode == 1
     last = last_ckpt(run_dir)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import PROJECT_ROOT, extra_config, scalars, started
+from conftest import PROJECT_ROOT, extra_config, scalars, started, subprocess_env
 
 pytestmark = pytest.mark.slow
 TESTS = Path(__file__).resolve().parent
@@ -27,10 +27,9 @@ DDP = ["--trainer.strategy=ddp", "--trainer.accelerator=cpu", "--trainer.devices
 
 
 def start_fit(run_dir: Path, *args: str) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(PROJECT_ROOT / "src"), str(TESTS)])}
     return started(subprocess.Popen(
         [sys.executable, "-m", "template_package", "fit", f"--trainer.default_root_dir={run_dir}", *BASE, *args],
-        cwd=PROJECT_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         start_new_session=True,  # its own process group: a kill reaches every DDP rank and loader worker
     ))  # fmt: skip
 

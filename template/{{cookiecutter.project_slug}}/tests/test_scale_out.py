@@ -2,7 +2,6 @@
 127.0.0.1, gloo on CPU) killed and resumed, elastic restarts after one rank is SIGKILLed, a dead rank that leaves no
 survivor hanging, and a resume on another world size, refused in one line."""
 
-import os
 import shutil
 import socket
 import subprocess
@@ -11,8 +10,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import PROJECT_ROOT, cli, extra_config
-from test_resume import BASE, DDP, TESTS, assert_same_run, freeze_config, reference_run, wait_until_frozen
+from conftest import PROJECT_ROOT, cli, extra_config, subprocess_env
+from test_resume import BASE, DDP, assert_same_run, freeze_config, reference_run, wait_until_frozen
 
 pytestmark = pytest.mark.slow
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
@@ -44,8 +43,7 @@ def start_two_nodes(run_dir: Path, *args: str, rendezvous: str, max_restarts: in
     or fail to connect in about half the tries, and 11 of 11 succeeded without it (../shared notes)."""
     JOBS.append(run_dir)
     port = free_port()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(PROJECT_ROOT / "src"), str(TESTS)]),
-           "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}  # fmt: skip
+    env = subprocess_env(TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
     agents = []
     for node in range(2):
         if rendezvous == "c10d":
@@ -56,7 +54,7 @@ def start_two_nodes(run_dir: Path, *args: str, rendezvous: str, max_restarts: in
         agents.append(subprocess.Popen(
             [TORCHRUN, "--nnodes", "2", "--nproc-per-node", "1", f"--max-restarts={max_restarts}", *launch,
              "-m", "template_package", "fit", f"--trainer.default_root_dir={run_dir}", *BASE, *TWO_NODES, *args],
-            cwd=PROJECT_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         ))  # fmt: skip
     return agents
 

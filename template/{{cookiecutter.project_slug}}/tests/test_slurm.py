@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import PROJECT_ROOT, extra_config
-from test_resume import BASE, TESTS, assert_same_run, freeze_config
+from conftest import PROJECT_ROOT, extra_config, subprocess_env
+from test_resume import BASE, assert_same_run, freeze_config
 
 pytestmark = [
     pytest.mark.slow,
@@ -110,7 +110,7 @@ def _run(command: list[str], env: dict[str, str]) -> subprocess.CompletedProcess
 def submit(slurm: dict[str, str], run_dir: Path, *fit_args: str) -> str:
     """`sbatch` the project's script as a user on CPU-only nodes would; returns the job id."""
     env = {**slurm, "RUN_DIR": str(run_dir), "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-           "PYTHONPATH": os.pathsep.join([str(PROJECT_ROOT / "src"), str(TESTS)])}  # fmt: skip
+           "PYTHONPATH": subprocess_env()["PYTHONPATH"]}  # fmt: skip
     result = _run(
         ["sbatch", "--parsable", "--ntasks-per-node", "2", "--cpus-per-task", "1", f"--output={run_dir}.log",
          "scripts/slurm.sbatch", "--trainer.accelerator", "cpu", *BASE, *fit_args],

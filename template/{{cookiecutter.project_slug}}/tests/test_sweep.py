@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import PROJECT_ROOT, QUICK, cli, cli_subprocess, started
+from conftest import PROJECT_ROOT, QUICK, cli, cli_subprocess, started, subprocess_env
 
 optuna = pytest.importorskip("optuna", reason='sweeps need the sweep extra: pip install -e ".[sweep]"')
 
@@ -26,10 +26,10 @@ def sweep_command(folder: Path, n_trials: int, *args: str) -> list[str]:
 
 
 def start_sweep(folder: Path, n_trials: int, *args: str) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT / "src")}
     return started(subprocess.Popen(
         [sys.executable, "-m", "template_package", *sweep_command(folder, n_trials, *args)],
-        cwd=PROJECT_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        cwd=folder.parent, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
     ))  # fmt: skip
 
 
@@ -72,10 +72,11 @@ def test_a_sweep_runs_its_trials_as_run_directories_and_says_what_it_found(unint
     # best.yaml is a preset that fit trains: the best trial's settings in a new run directory.
     fit = cli("fit", "-c", str(folder / "best.yaml"), f"--trainer.default_root_dir={tmp_path / 'best'}")
     assert fit.model.hparams.lr == best[1]["model.lr"] and fit.trainer.global_step == 12
-    # The same command again shows the results only.
-    again = subprocess.run([sys.executable, "-m", "template_package", "sweep", f"--sweep.dir={folder}",
-                            "--sweep.n_trials=0", "-c", SWEEP_YAML], cwd=PROJECT_ROOT, capture_output=True,
-                           text=True, env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT / "src")})  # fmt: skip
+    # The same command again shows the results only. (Options are read in order, later ones win: after the config
+    # file, whose sweep.dir and n_trials would otherwise run its 20 trials in runs/sweep.)
+    again = subprocess.run([sys.executable, "-m", "template_package", "sweep", "-c", SWEEP_YAML,
+                            f"--sweep.dir={folder}", "--sweep.n_trials=0"], cwd=tmp_path, capture_output=True,
+                           text=True, env=subprocess_env())  # fmt: skip
     assert again.returncode == 0 and f"best: trial {best[0]}" in again.stdout
     assert study_of(folder) == trials
 
