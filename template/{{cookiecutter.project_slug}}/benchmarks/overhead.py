@@ -135,7 +135,8 @@ def trainer_args(options: argparse.Namespace, root: str, epochs: int, callbacks:
 
 
 def model_and_data_args(options: argparse.Namespace) -> dict[str, object]:
-    args: dict[str, object] = {"trainer.precision": options.precision, "data.batch_size": options.batch_size}
+    args: dict[str, object] = {"data": f"{RandomImages.__module__}.RandomImages"} if options.gpu else {}
+    args |= {"trainer.precision": options.precision, "data.batch_size": options.batch_size}
     if options.gpu:
         args |= {"trainer.accelerator": "gpu", "trainer.devices": 1, "model.arch": options.arch, "data.image_size": 32}
     if options.num_workers is not None:
@@ -178,7 +179,7 @@ def fit_interleaved(options: argparse.Namespace, root: str) -> tuple[float, floa
     else:
         interleave = f"{Interleave.__module__}.{Interleave.__name__}"
         args = trainer_args(options, root, options.epochs, [interleave])
-        trainer = build_cli(args, RandomImages if options.gpu else ImageDataModule).trainer
+        trainer = build_cli(args).trainer
     timer = next(c for c in trainer.callbacks if isinstance(c, Interleave))
     throughput = next((c for c in trainer.callbacks if isinstance(c, Throughput)), None)
     wait_share = throughput.latest.get("perf/data_wait_share") if throughput else None
@@ -215,7 +216,7 @@ def peak_memory_mib(options: argparse.Namespace, root: str) -> tuple[float, floa
     """Peak GPU memory of one epoch of each side, run alone (interleaved, each would count the other's weights)."""
     peaks = []
     for run in (
-        lambda: build_cli(trainer_args(options, root, 1, []), RandomImages),
+        lambda: build_cli(trainer_args(options, root, 1, [])),
         lambda: next(reference_epochs(options, 1)),
     ):
         gc.collect()

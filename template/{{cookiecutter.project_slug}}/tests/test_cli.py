@@ -182,7 +182,7 @@ def assert_confusion_image_matches_the_model(run_dir: Path, checkpoint: dict) ->
     from template_package.data import digits_splits
     from template_package.model import ImageClassifier
 
-    model = ImageClassifier().eval()
+    model = ImageClassifier(num_classes=10, in_channels=1).eval()
     model.load_state_dict(checkpoint["state_dict"])
     _, val, _ = digits_splits(0.15, 0.15, seed=0)
     images, targets = val.tensors
@@ -224,7 +224,7 @@ def test_compiled_model_checkpoint_loads_into_an_uncompiled_model(run_dir: Path)
     cli("fit", "-c", str(PROJECT_ROOT / "configs" / "compile.yaml"), f"--trainer.default_root_dir={run_dir}",
         "--trainer.max_steps=3", "--trainer.limit_val_batches=2", "--trainer.enable_progress_bar=false")  # fmt: skip
     weights = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
-    plain = ImageClassifier()
+    plain = ImageClassifier(num_classes=10, in_channels=1)
     assert set(weights) == set(plain.state_dict())  # no "_orig_mod." prefixes
     plain.load_state_dict(weights)
 

@@ -18,7 +18,7 @@ def test_copied_modules_train_with_a_bare_trainer(tmp_path, monkeypatch):
     package.mkdir(parents=True)
     (package / "__init__.py").write_text("")
     source = template_package.__path__[0]
-    for module in ("model.py", "nets.py", "schedulers.py"):
+    for module in ("model.py", "nets.py", "schedulers.py", "errors.py", "durable.py"):
         shutil.copy(f"{source}/{module}", package / module)
     monkeypatch.syspath_prepend(str(tmp_path / "their_code"))
     model_module = importlib.import_module("vision.model")
@@ -26,7 +26,7 @@ def test_copied_modules_train_with_a_bare_trainer(tmp_path, monkeypatch):
 
     L.seed_everything(0)
     train, val, _ = digits_splits(0.15, 0.15, seed=0)
-    model = model_module.ImageClassifier(lr=3e-3)
+    model = model_module.ImageClassifier(num_classes=10, in_channels=1, lr=3e-3)
     trainer = L.Trainer(max_epochs=5, logger=False, enable_checkpointing=False, enable_progress_bar=False)
     trainer.fit(model, DataLoader(train, batch_size=64, shuffle=True, drop_last=True), DataLoader(val, batch_size=256))
     assert type(model.net).__module__ == "vision.nets"
@@ -40,7 +40,7 @@ def test_copied_resume_modules_keep_last_ckpt_with_a_bare_trainer(tmp_path, monk
     package.mkdir(parents=True)
     (package / "__init__.py").write_text("")
     source = template_package.__path__[0]
-    for module in ("resume.py", "durable.py", "stop_signals.py", "model.py", "nets.py", "schedulers.py"):
+    for module in ("resume.py", "durable.py", "stop_signals.py", "model.py", "nets.py", "schedulers.py", "errors.py"):
         shutil.copy(f"{source}/{module}", package / module)
     monkeypatch.syspath_prepend(str(tmp_path / "their_code"))
     resume = importlib.import_module("training.resume")
@@ -51,7 +51,10 @@ def test_copied_resume_modules_keep_last_ckpt_with_a_bare_trainer(tmp_path, monk
     callbacks = [resume.LastCheckpoint(str(tmp_path / "ckpt"), every_n_steps=5), resume.ResumableRNGState()]
     trainer = L.Trainer(max_epochs=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                         callbacks=callbacks, limit_train_batches=6)  # fmt: skip
-    trainer.fit(model_module.ImageClassifier(), DataLoader(train, batch_size=64, shuffle=True, drop_last=True))
+    trainer.fit(
+        model_module.ImageClassifier(num_classes=10, in_channels=1),
+        DataLoader(train, batch_size=64, shuffle=True, drop_last=True),
+    )
     checkpoint = torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=True)
     assert checkpoint["global_step"] == 12 and "rng_states" in checkpoint
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["last.ckpt"]

@@ -86,5 +86,5 @@ def test_image_folder_tree_is_read_with_its_classes(tmp_path):
 
 
 def test_missing_train_folder_names_the_path(tmp_path):
-    with pytest.raises(FileNotFoundError, match="has no train/ folder"):
+    with pytest.raises(ValueError, match="has no train/ folder"):
         ImageDataModule(data_dir=str(tmp_path))

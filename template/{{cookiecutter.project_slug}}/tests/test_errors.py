@@ -42,13 +42,17 @@ def existing_run(finished_run, tmp_path) -> Path:
 
 
 def test_unknown_option_suggests_the_close_one():
-    assert error_line("fit", "--model.lrr=0.1") == "error: unknown option --model.lrr: did you mean --model.lr?"
+    assert error_line("fit", "--model.lrr=0.1") == (
+        "error: unknown option --model.lrr for template_package.model.ImageClassifier: did you mean --model.lr?"
+    )
 
 
 def test_unknown_key_in_a_config_file_suggests_the_close_one(tmp_path):
     config = tmp_path / "typo.yaml"
     config.write_text("model:\n  lrr: 0.1\n")
-    assert error_line("fit", "-c", str(config)) == "error: unknown option model.lrr: did you mean model.lr?"
+    assert error_line("fit", "-c", str(config)) == (
+        "error: unknown option model.lrr for template_package.model.ImageClassifier: did you mean model.lr?"
+    )
 
 
 def test_wrong_type_names_the_key_and_value():

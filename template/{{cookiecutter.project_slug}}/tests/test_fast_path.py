@@ -42,7 +42,7 @@ def test_flops_per_sample_match_a_count_by_hand():
     first convolution's input gradient, which nothing needs."""
     conv1, conv2, conv3, head = 8 * 8 * 32 * 1 * 9, 8 * 8 * 64 * 32 * 9, 4 * 4 * 128 * 64 * 9, 128 * 10
     forward = 2 * (conv1 + conv2 + conv3 + head)
-    model = ImageClassifier()
+    model = ImageClassifier(num_classes=10, in_channels=1)
     rng = torch.get_rng_state()
     assert model.flops_per_sample((1, 8, 8)) == 3 * forward - 2 * conv1
     assert torch.equal(torch.get_rng_state(), rng)  # the count leaves training's random numbers alone
@@ -64,7 +64,7 @@ def test_mfu_is_throughput_times_flops_over_the_peak(run_dir, monkeypatch):
     monkeypatch.setattr(callbacks, "peak_flops", lambda device, precision: 1e9)
     cli("fit", f"--trainer.default_root_dir={run_dir}", "--trainer.log_every_n_steps=2", *QUICK)
     logged = scalars(run_dir)
-    flops = ImageClassifier().flops_per_sample((1, 8, 8))
+    flops = ImageClassifier(num_classes=10, in_channels=1).flops_per_sample((1, 8, 8))
     expected = [(step, rate * flops / 1e9) for step, rate in logged["perf/samples_per_sec"]]
     assert len(expected) >= 4
     assert [step for step, _ in logged["perf/mfu"]] == [step for step, _ in expected]

@@ -9,7 +9,7 @@ from template_package.model import ImageClassifier, weight_decay_groups
 
 
 def test_biases_and_norm_weights_do_not_decay():
-    model = ImageClassifier()
+    model = ImageClassifier(num_classes=10, in_channels=1)
     decay, no_decay = weight_decay_groups(model, 0.05)
     assert decay["weight_decay"] == 0.05 and no_decay["weight_decay"] == 0.0
     names = {id(p): n for n, p in model.named_parameters()}
@@ -36,7 +36,7 @@ def test_schedule_follows_the_formula_in_optimizer_steps(max_epochs, max_steps, 
     """10 batches per epoch: with accumulation 3 an epoch is ceil(10 / 3) = 4 optimizer steps (last window partial)."""
     data = TensorDataset(torch.rand(40, 1, 8, 8), torch.randint(0, 10, (40,)))
     peak, warmup, min_ratio = 1e-2, 0.25, 0.1
-    model = ImageClassifier(lr=peak, warmup=warmup, min_lr_ratio=min_ratio)
+    model = ImageClassifier(num_classes=10, in_channels=1, lr=peak, warmup=warmup, min_lr_ratio=min_ratio)
     record = RecordLR()
     trainer = L.Trainer(
         max_epochs=max_epochs, max_steps=max_steps, accumulate_grad_batches=accumulate, callbacks=[record],
@@ -57,7 +57,7 @@ def test_schedule_follows_the_formula_in_optimizer_steps(max_epochs, max_steps, 
 
 
 def test_predict_step_returns_class_probabilities():
-    model = ImageClassifier().eval()
+    model = ImageClassifier(num_classes=10, in_channels=1).eval()
     probs = model.predict_step((torch.rand(5, 1, 8, 8), torch.zeros(5)), 0)
     assert probs.shape == (5, 10)
     torch.testing.assert_close(probs.sum(-1), torch.ones(5))

@@ -21,7 +21,9 @@ RECIPE = {"epochs": 3, "accumulate": 4, "lr": 3e-3, "weight_decay": 0.05, "warmu
 
 def reference_run(precision: str, ema: dict | None = None) -> tuple[list[float], dict[str, torch.Tensor]]:
     L.seed_everything(42)
-    net = copy.deepcopy(ImageClassifier().net)  # the same initial weights the CLI's model gets with seed 42
+    net = copy.deepcopy(
+        ImageClassifier(num_classes=10, in_channels=1).net
+    )  # the same initial weights the CLI's model gets with seed 42
     data = ImageDataModule()
     data.setup("fit")
     losses = reference_loop.train(net, data.train_dataloader(), precision=precision, ema=ema, **RECIPE)
@@ -72,7 +74,7 @@ def test_reference_loop_really_clips_and_warms_up():
     warmup_steps = round(RECIPE["warmup"] * total_steps)
     assert 0 < warmup_steps < total_steps
     L.seed_everything(42)
-    model = ImageClassifier()
+    model = ImageClassifier(num_classes=10, in_channels=1)
     data = ImageDataModule()
     data.setup("fit")
     images, targets = next(iter(data.train_dataloader()))
@@ -85,7 +87,7 @@ def test_logged_gradient_norms_and_clip_share_equal_the_hand_computed_ones(tmp_p
     """train/grad_norm is the total gradient norm before clipping, train/clip_share the share of the optimizer steps
     since the previous log whose norm was above the clip value (0.5): both against norms computed by hand."""
     L.seed_everything(42)
-    net = copy.deepcopy(ImageClassifier().net)
+    net = copy.deepcopy(ImageClassifier(num_classes=10, in_channels=1).net)
     data = ImageDataModule()
     data.setup("fit")
     norms = []

@@ -61,7 +61,10 @@ def test_a_sweep_runs_its_trials_as_run_directories_and_says_what_it_found(unint
         run_dir = folder / f"trial-{number}"
         assert (run_dir / "checkpoints" / "last.ckpt").is_file() and (run_dir / "config.yaml").is_file()
         config = yaml.safe_load((run_dir / "config.yaml").read_text())
-        assert config["model"]["lr"] == params["model.lr"] and config["data"]["batch_size"] == params["data.batch_size"]
+        assert (
+            config["model"]["init_args"]["lr"] == params["model.lr"]
+            and config["data"]["init_args"]["batch_size"] == params["data.batch_size"]
+        )
         if state == "COMPLETE":
             assert value == max(values.values())  # the best val/acc over its validations
         line = next(line for line in out.splitlines() if line.startswith(f"{number} "))

@@ -46,7 +46,9 @@ def test_data_wait_share_is_the_fetch_time_over_the_step_interval(tmp_path, dela
     )  # fmt: skip
     dataset = SlowImages(delay)
     batches = BatchSampler(SequentialSampler(dataset), 64, drop_last=True)
-    trainer.fit(ImageClassifier(warmup=1), DataLoader(dataset, sampler=batches, batch_size=None))
+    trainer.fit(
+        ImageClassifier(num_classes=10, in_channels=1, warmup=1), DataLoader(dataset, sampler=batches, batch_size=None)
+    )
     throughput = next(c for c in trainer.callbacks if isinstance(c, Throughput))
     share = throughput.latest["perf/data_wait_share"]
     # One step and the fetch of the next batch. (In float64: perf_counter reads thousands of seconds, where float32

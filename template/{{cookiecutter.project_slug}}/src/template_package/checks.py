@@ -32,10 +32,12 @@ def explain_parse_error(message: str, parser: LightningArgumentParser) -> str:
         name = unknown.group(1)
         prefix = "--" if name.startswith("--") else ""
         subparsers = getattr(getattr(parser, "_subcommands_action", None), "_name_parser_map", {})
-        options = [prefix + option[2:] for subparser in subparsers.values() for option in _options(subparser)]
-        close = difflib.get_close_matches(name, options, n=1)
-        hint = f"did you mean {close[0]}?" if close else "see --help for the valid options"
-        return f"unknown option {name}: {hint}"
+        options = [option for subparser in subparsers.values() for option in _options_with_classes(subparser)]
+        return f"unknown option {name}: {_closest(name, [prefix + option[2:] for option in options])}"
+    in_class = re.match(r'Parser key "(model|data)":.*?Problem with given class_path \'([^\']+)\':\s*(.*?)\n\s*- ',
+                        message, re.DOTALL)  # fmt: skip
+    if in_class:
+        return _explain_class_error(*in_class.groups(), from_command_line="NestedArg" in message)
     key = re.match(r'Parser key "([^"]+)"', message)
     given = re.search(r"Given value: (.*)", message) or re.search(r"Got value: (.*)", message)
     if key and key.group(1) == "trainer.precision" and given:
@@ -43,8 +45,60 @@ def explain_parse_error(message: str, parser: LightningArgumentParser) -> str:
     return " ".join(line.strip() for line in message.splitlines() if line.strip())
 
 
+def _closest(name: str, options: list[str]) -> str:
+    close = difflib.get_close_matches(name, options, n=1)
+    return f"did you mean {close[0]}?" if close else "see --help for the valid options"
+
+
+def _explain_class_error(group: str, class_path: str, problem: str, from_command_line: bool) -> str:
+    """An error inside the arguments of the model or data class, e.g. `--model.lrr`, `--model.lr abc`, or a class
+    that cannot be imported."""
+    prefix = "--" if from_command_line else ""
+    unknown = re.match(r"Option '([^']+)' is not accepted", problem)
+    if unknown:
+        options = [prefix + option[2:] for option in _options(class_options(group, class_path))]
+        name = f"{prefix}{group}.{unknown.group(1)}"
+        return f"unknown option {name} for {class_path}: {_closest(name, options)}"
+    wrong = re.match(r'Parser key "([^"]+)":\s*(.*?)\. Got value: (.*)', problem, re.DOTALL)
+    if wrong:
+        key, expected, value = wrong.groups()
+        expected = re.sub(r"<class '(\w+)'>", r"\1", expected.strip().splitlines()[0]).removeprefix("Expected a ")
+        return f"{prefix}{group}.{key}={value.strip()!r} is not valid for {class_path}: expected a {expected}"
+    reason = " ".join(line.strip() for line in problem.splitlines() if line.strip())
+    return (
+        f"--{group} {class_path} cannot be used ({reason}): give a LightningModule/LightningDataModule class as "
+        "package.module.Class, importable from the project's src/, the working directory or PYTHONPATH"
+    )
+
+
+def class_options(group: str, class_path: str):
+    """A parser holding only the arguments of `class_path`, as `--<group>.<name>` options."""
+    from jsonargparse import ArgumentParser
+
+    parser = ArgumentParser()
+    parser.add_class_arguments(import_class(class_path), group, fail_untyped=False)
+    return parser
+
+
+def _options_with_classes(parser) -> list[str]:
+    """The parser's options and those of the model and data classes its defaults name."""
+    defaults = parser.get_defaults()
+    classes = [(group, defaults.get(group)) for group in ("model", "data")]
+    return [*_options(parser), *(option for group, configured in classes if configured and "class_path" in configured
+                                 for option in _options(class_options(group, configured.class_path)))]  # fmt: skip
+
+
+def import_class(class_path: str) -> type:
+    """The class a config or command line names (never one a checkpoint names: see check_checkpoint_class)."""
+    import importlib
+
+    module, _, name = class_path.rpartition(".")
+    return getattr(importlib.import_module(module), name)
+
+
 def _options(parser) -> list[str]:
-    return [option for action in parser._actions for option in action.option_strings if option.startswith("--")]
+    options = [option for action in parser._actions for option in action.option_strings if option.startswith("--")]
+    return [option for option in options if not option.endswith(".help")]
 
 
 def lock_run_dir(root: Path) -> RunLock:
@@ -105,6 +159,24 @@ def check_checkpoint(ckpt_path: str, weights_only: bool | None) -> dict | None:
     if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
         raise SystemExit(f"error: --ckpt_path {ckpt_path} is not a Lightning checkpoint (no state_dict in it)")
     return checkpoint
+
+
+def check_checkpoint_class(ckpt_path: str, checkpoint: dict, config) -> None:
+    """Refuse a checkpoint of another model or data class than the ones this command builds, in one line naming
+    both. The checkpoint's class is only compared, as text: never imported, so a checkpoint cannot choose the code
+    that runs. Class paths compare below the package name, which a generated project renames; a checkpoint that
+    records no class (saved by an older release) is not refused here (its weights are still checked)."""
+    for section, key in (("model", "hyper_parameters"), ("data", "datamodule_hyper_parameters")):
+        saved = (checkpoint.get(key) or {}).get("_class_path")
+        built = config[section]
+        if saved is None or built is None:
+            continue
+        if not isinstance(saved, str) or saved.partition(".")[2] != built.class_path.partition(".")[2]:
+            raise SystemExit(
+                f"error: --ckpt_path {ckpt_path} holds a {section} of class {saved!s:.200}, and this command builds "
+                f"{built.class_path}: give the run's own config (-c <run dir>/config.yaml) or --{section} with its "
+                "class, or a checkpoint of this class"
+            )
 
 
 def check_architecture(ckpt_path: str, checkpoint: dict, model: L.LightningModule) -> None:

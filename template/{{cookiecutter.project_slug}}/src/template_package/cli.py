@@ -7,6 +7,7 @@ events, and `fit --ckpt_path last` resumes that run, or starts it when there is 
 """
 
 import functools
+import importlib
 import logging
 import os
 import sys
@@ -21,24 +22,24 @@ import torch
 from lightning.fabric.plugins.io import CheckpointIO
 from lightning.fabric.plugins.precision.precision import _PRECISION_INPUT
 from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback, _InstantiatorFn
 
 from .callbacks import PredictionsCSV
 from .checks import (
     check_architecture,
     check_checkpoint,
+    check_checkpoint_class,
     check_logger_extras,
     check_run_dir_writable,
     check_world_size,
     explain_parse_error,
     lock_run_dir,
 )
-from .data import ImageDataModule
+from .cli_help import TOOLS, ProjectArgumentParser, program, project_description
 from .durable import DurableCheckpointIO
-from .errors import MACHINE_FAULTS, is_a_users_mistake, one_line
-from .model import ImageClassifier
+from .errors import MACHINE_FAULTS, UsageError, is_a_users_mistake, one_line, original_error
 from .resume import LastCheckpoint
-from .resume_checks import FREE_DATA, check_resume_changes
+from .resume_checks import check_resume_changes, loading_options
 from .run_directory import checkpoint_dir, configure_loggers, predictions_csv, resolve_resume, run_report
 from .run_lock import RunLock, is_global_rank_zero
 from .stop_signals import STOP_SIGNALS
@@ -102,7 +103,7 @@ class Trainer(L.Trainer):
     ) -> None:
         accumulate = kwargs.get("accumulate_grad_batches", 1)
         if not isinstance(accumulate, int) or accumulate < 1:
-            raise ValueError(f"trainer.accumulate_grad_batches={accumulate!r} must be a whole number >= 1")
+            raise UsageError(f"trainer.accumulate_grad_batches={accumulate!r} must be a whole number >= 1")
         # Switching a feature off also drops its callbacks from the config, where Lightning would refuse the mix.
         for switch, kinds in (("enable_progress_bar", ProgressBar), ("enable_checkpointing", CHECKPOINT_CALLBACKS)):
             if kwargs.get(switch) is False and kwargs.get("callbacks"):
@@ -160,30 +161,67 @@ class RunConfigCallback(SaveConfigCallback):
         super().setup(trainer, pl_module, "fit")
 
 
-# How data is loaded on this machine, not what the model was trained on: never taken from a checkpoint by validate,
-# test and predict. The batch size too, though a resumed fit compares it: there it is the run's math.
-RUNTIME_DATA_OPTIONS = FREE_DATA | {"batch_size"}
-
-
 class ProjectCLI(LightningCLI):
     """LightningCLI with the run-directory contract and the project's checkpoint callbacks.
 
-    `fit` holds the run directory's lock (run_lock.py) from the moment its options are parsed until it returns.
+    The model and the data are the classes the config names (`model: class_path:`, `data: class_path:`, or
+    `--model a.b.MyModel --data a.b.MyData`), never classes a checkpoint names. `fit` holds the run directory's lock
+    (run_lock.py) from the moment its options are parsed until it returns.
     """
 
     def __init__(self, *args, **kwargs) -> None:
         self.run_lock: RunLock | None = None
         self.run_dir: Path | None = None  # fit's, once parsed
         self.checkpoint: dict | None = None  # --ckpt_path, memory-mapped, once parsed
+        self._built_data: L.LightningDataModule | None = None
         try:
             super().__init__(*args, **kwargs)  # parses, builds and runs the subcommand
-        except Exception as error:
+        except Exception as wrapped:
+            error = original_error(wrapped)  # the model's or data's own, when it failed while being built
             if os.environ.get("TRACEBACK") or not is_a_users_mistake(error):
+                if error is not wrapped:  # its own traceback, without jsonargparse's wrapper around it
+                    raise error from error.__cause__
                 raise
             raise SystemExit(f"error: {one_line(error, self.run_dir)}") from None
         finally:
             if self.run_lock is not None:
                 self.run_lock.release()
+
+    def _add_subcommands(self, parser: LightningArgumentParser, **kwargs) -> None:
+        """Lightning's subcommands, and the tools that main runs itself, so that --help lists them all."""
+        super()._add_subcommands(parser, **kwargs)
+        subcommands = parser._subcommands_action
+        for name, description in TOOLS.items():
+            subcommands.add_subcommand(name, LightningArgumentParser(description=description), help=description)
+
+    def add_core_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        """The trainer, the data and the model, the last two by class path. The data comes before the model: the
+        classes are built in this order, and the model may take values from the data (`_add_instantiators`)."""
+        parser.add_lightning_class_args(self.trainer_class, "trainer")
+        parser.add_lightning_class_args(L.LightningDataModule, "data", subclass_mode=True, required=False)
+        parser.add_lightning_class_args(L.LightningModule, "model", subclass_mode=True)
+
+    def _add_instantiators(self) -> None:
+        """Lightning's own instantiators (they record each class's arguments and class path as the hyperparameters of
+        every checkpoint), with the values the data gives the model: an argument of the model left at None (its
+        default, or `null` in a config) is the value of the data's attribute of the same name, such as num_classes,
+        in_channels or vocab_size. A value given explicitly wins; a class without the argument gets nothing."""
+        build_data, build_model = _InstantiatorFn(cli=self, key="data"), _InstantiatorFn(cli=self, key="model")
+
+        def data(class_type, *args, applied_instantiation_links: dict, **kwargs):
+            self._built_data = build_data(class_type, *args, applied_instantiation_links=applied_instantiation_links,
+                                          **kwargs)  # fmt: skip
+            return self._built_data
+
+        def model(class_type, *args, applied_instantiation_links: dict, **kwargs):
+            if self._built_data is None and self.config[self.config.subcommand].data is not None:
+                raise RuntimeError("the data must be built before the model, which takes values from it")
+            given = values_from_data(self._built_data, kwargs)
+            links = {**applied_instantiation_links, **{f"model.init_args.{name}": v for name, v in given.items()}}
+            return build_model(class_type, *args, applied_instantiation_links=links, **{**kwargs, **given})
+
+        self.parser.add_instantiator(data, L.LightningDataModule, subclasses=True)
+        self.parser.add_instantiator(model, L.LightningModule, subclasses=True)
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         # Always present, configured under `checkpoint.*` and `last_checkpoint.*` (both in DIR/checkpoints), and
@@ -199,9 +237,6 @@ class ProjectCLI(LightningCLI):
             help="options, comma-separated, that may differ from the checkpoint's when fit resumes a run (see "
             "resume_checks.py), e.g. model.lr,data.batch_size: the run goes on with the new values, no longer exactly",
         )  # fmt: skip
-        # The network's shape follows the data.
-        parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
-        parser.link_arguments("data.in_channels", "model.in_channels", apply_on="instantiate")
 
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
         """Parse, then check what was given, before LightningCLI reads a checkpoint or builds anything."""
@@ -219,26 +254,37 @@ class ProjectCLI(LightningCLI):
             self.run_dir = root
             resolve_resume(config)
         self.checkpoint = check_checkpoint(config.ckpt_path, config.weights_only) if config.ckpt_path else None
-        if subcommand == "fit" and self.checkpoint is not None:
-            check_resume_changes(config, self.checkpoint, config.ckpt_path, config.allow_change.split(","))
+        if self.checkpoint is not None:
+            check_checkpoint_class(config.ckpt_path, self.checkpoint, config)
         resumed_step = (self.checkpoint["global_step"] if self.checkpoint else 0) if subcommand == "fit" else None
         check_logger_extras(config.trainer.logger)
         configure_loggers(config, resumed_step)
 
     def _parse_ckpt_path(self) -> None:
-        """LightningCLI reads the checkpoint's model hyperparameters over the command line. A fit compares them
-        instead (resume_checks.py): a changed flag is refused or applied, never silently dropped. validate, test and
-        predict take them, and the data settings the checkpoint was trained with too (class names, image size, data
-        folder) where the command line left the default: `predict --ckpt_path X --data.predict_dir DIR` needs
-        nothing else."""
+        """LightningCLI reads the checkpoint's model hyperparameters over the command line, and in subclass mode
+        builds the class the checkpoint names. Here the classes are always the config's (checks.check_checkpoint_class
+        refused a checkpoint of another class). A fit compares the hyperparameters (resume_checks.py): a changed flag
+        is refused or applied, never silently dropped. validate, test and predict take the model's, and the data
+        settings the checkpoint was trained with (class names, image size, data folder) where the command line left
+        the default: `predict --ckpt_path X --data.predict_dir DIR` needs nothing else."""
         subcommand = self.config.get("subcommand")
-        if subcommand == "fit":
+        if subcommand == "fit" or self.checkpoint is None:
             return
-        super()._parse_ckpt_path()
-        saved = (self.checkpoint or {}).get("datamodule_hyper_parameters") or {}
-        data, default = self.config[subcommand].data, self._subcommand_parsers[subcommand].get_defaults().data
-        for name, value in saved.items():
-            if name in data and name not in RUNTIME_DATA_OPTIONS and data[name] == default[name]:
+        config = self.config[subcommand]
+        model = config.model.init_args
+        for name, value in (self.checkpoint.get("hyper_parameters") or {}).items():
+            if not name.startswith("_") and name in model:
+                model[name] = value
+        if config.data is None:
+            return
+        data, default = config.data.init_args, self._subcommand_parsers[subcommand].get_defaults().data
+        same_class = default is not None and default.class_path == config.data.class_path
+        # How data is loaded on this machine, not what the model was trained on, is never taken from the checkpoint.
+        runtime = {"batch_size", *loading_options(config.data.class_path)}
+        for name, value in (self.checkpoint.get("datamodule_hyper_parameters") or {}).items():
+            if name.startswith("_") or name not in data or name in runtime:
+                continue
+            if not same_class or data[name] == default.init_args.get(name):
                 data[name] = value
 
     def _check_architecture(self) -> None:
@@ -252,8 +298,11 @@ class ProjectCLI(LightningCLI):
         # The predictions writer only serves predict; in fit it would only cost every training hook a call.
         self.trainer.callbacks[:] = [c for c in self.trainer.callbacks if not isinstance(c, PredictionsCSV)]
         self._check_architecture()
-        if self.checkpoint is not None:  # the trainer knows its world size now, before any process is started
-            check_world_size(self.config_init["fit"].ckpt_path, self.checkpoint, self.trainer.world_size)
+        if self.checkpoint is not None:  # the classes are built and the trainer knows its world size: nothing ran yet
+            config = self.config_init["fit"]
+            allowed = config.allow_change.split(",")
+            check_resume_changes(config, self.checkpoint, config.ckpt_path, allowed, self.model, self.datamodule)
+            check_world_size(config.ckpt_path, self.checkpoint, self.trainer.world_size)
 
     def after_fit(self) -> None:
         if self.trainer.is_global_zero and not self.trainer.fast_dev_run:
@@ -266,8 +315,8 @@ def main(args: list[str] | None = None) -> ProjectCLI:
     A mistake in what was given ends with one line (`TRACEBACK=1` shows the traceback too), a bug with its traceback
     (errors.py, ProjectCLI); a stop signal ends the process with 128 + its number (stop_signals.py)."""
     command = sys.argv[1:] if args is None else args  # (LightningCLI warns when given sys.argv as args)
-    if command[:1] == ["sweep"]:
-        return sweep(command[1:])
+    if command[:1] and command[0] in TOOLS:
+        return run_tool(command[0], command[1:])
     quiet_third_party_notices()
     threading.excepthook = _machine_faults_are_reported_once
     STOP_SIGNALS.install()
@@ -298,13 +347,17 @@ def leave_process_group() -> None:
         torch.distributed.destroy_process_group()
 
 
-def sweep(args: list[str]) -> None:
-    """`python -m <package> sweep`: see sweep.py (imported only here: Optuna is an extra)."""
+def run_tool(name: str, args: list[str]) -> None:
+    """`python -m <package> sweep|export|grad_norms`: see sweep.py, export.py and grad_norms.py (imported only here:
+    Optuna and ONNX are extras)."""
+    extras = {"optuna": "sweep", "matplotlib": "sweep", "onnx": "onnx", "onnxscript": "onnx", "onnxruntime": "onnx"}
     try:
-        from .sweep import main
+        tool = importlib.import_module(f".{name}", __package__)
     except ModuleNotFoundError as missing:
-        raise SystemExit(f'error: sweep needs {missing.name}: pip install -e ".[sweep]"') from None
-    main(args)
+        if missing.name not in extras:
+            raise
+        raise SystemExit(f'error: {name} needs {missing.name}: pip install -e ".[{extras[missing.name]}]"') from None
+    tool.main(args)
 
 
 def quiet_third_party_notices() -> None:
@@ -328,16 +381,27 @@ def _machine_faults_are_reported_once(args: threading.ExceptHookArgs) -> None:
         threading.__excepthook__(args)
 
 
-def build_cli(args: list[str] | None, datamodule_class: type[L.LightningDataModule] = ImageDataModule) -> ProjectCLI:
-    """The CLI without main's error handling; `datamodule_class` swaps in another DataModule (a benchmark's)."""
+def build_cli(args: list[str] | None) -> ProjectCLI:
+    """The CLI without main's error handling."""
     defaults = {"default_config_files": [str(DEFAULT_CONFIG)], "exit_on_error": False}
+    top = {"prog": program(), "description": project_description(__package__.split(".")[0]), "exit_on_error": False}
+    evaluations = ("fit", "validate", "test", "predict")
     return ProjectCLI(
-        ImageClassifier,
-        datamodule_class,
+        None,  # the model and data classes: the ones the config names (subclass mode)
+        None,
         trainer_class=Trainer,
         save_config_callback=RunConfigCallback,
         save_config_kwargs={"overwrite": True},  # a resumed run rewrites its own config
-        parser_kwargs={"exit_on_error": False, **{sub: defaults for sub in ("fit", "validate", "test", "predict")}},
+        parser_class=ProjectArgumentParser,
+        parser_kwargs={**top, **dict.fromkeys(evaluations, defaults)},
         args=args,
         auto_configure_optimizers=False,
     )
+
+
+def values_from_data(data: L.LightningDataModule | None, arguments: dict) -> dict:
+    """The model's arguments left at None that the data has a value for, under the same name."""
+    if data is None:
+        return {}
+    values = {name: getattr(data, name, None) for name, value in arguments.items() if value is None}
+    return {name: value for name, value in values.items() if value is not None and not name.startswith("_")}

@@ -18,6 +18,7 @@ import torch
 from torch.utils.data import BatchSampler, Dataset, SequentialSampler, TensorDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
+from .errors import UsageError
 from .images import ImageFiles, digits_like_transform, image_folder_transforms, load_rgb_image
 from .sampling import EpochShuffleSampler, SeededAugmentation
 
@@ -26,7 +27,7 @@ def check_finite(images: torch.Tensor, name: str) -> None:
     """In-memory data is checked once, up front: a NaN in the inputs would otherwise surface as a NaN loss later."""
     bad = (~torch.isfinite(images)).flatten(1).any(1).nonzero().flatten()
     if len(bad):
-        raise ValueError(f"{name} has non-finite values (NaN or inf) in {len(bad)} samples, first at index {bad[0]}")
+        raise UsageError(f"{name} has non-finite values (NaN or inf) in {len(bad)} samples, first at index {bad[0]}")
 
 
 def digits_splits(val_fraction: float, test_fraction: float, seed: int) -> tuple[Dataset, Dataset, Dataset]:
@@ -90,6 +91,9 @@ class ImageDataModule(L.LightningDataModule):
             without it; on a GPU it needs the data to fit in its memory, and num_workers 0.
     """
 
+    # How the data is loaded, not which: may change when a run resumes, never taken from a checkpoint by predict.
+    loading_options = ("num_workers", "on_device", "predict_dir")
+
     def __init__(
         self,
         data_dir: str | None = None,
@@ -111,7 +115,7 @@ class ImageDataModule(L.LightningDataModule):
         if num_workers is None:
             num_workers = 0 if data_dir is None or on_device else default_num_workers()
         if on_device and num_workers:
-            raise ValueError(
+            raise UsageError(
                 f"data.num_workers={num_workers} with data.on_device: loader processes cannot index data held on the "
                 "GPU; set data.num_workers 0 (batches are gathered on the device, no worker is needed)"
             )
@@ -130,11 +134,11 @@ class ImageDataModule(L.LightningDataModule):
     def _find_classes(root: Path) -> list[str]:
         train = root / "train"
         if not train.is_dir():
-            raise FileNotFoundError(f"data_dir={str(root)!r} has no train/ folder: expected train/<class>/ images")
+            raise UsageError(f"data_dir={str(root)!r} has no train/ folder: expected train/<class>/ images")
         classes = sorted(entry.name for entry in train.iterdir() if entry.is_dir())
         if len(classes) < 2:
             found = f"only the class folder {classes[0]!r}" if classes else "no class folders"
-            raise ValueError(f"{train} has {found}: a classifier needs train/<class>/ folders for 2 classes or more")
+            raise UsageError(f"{train} has {found}: a classifier needs train/<class>/ folders for 2 classes or more")
         return classes
 
     def setup(self, stage: str) -> None:
@@ -154,7 +158,7 @@ class ImageDataModule(L.LightningDataModule):
         train_tf, eval_tf = image_folder_transforms(hp.image_size)
         root = Path(hp.data_dir)
         if not (root / "val").is_dir():
-            raise FileNotFoundError(f"data_dir={str(root)!r} has no val/ folder: expected val/<class>/ images")
+            raise UsageError(f"data_dir={str(root)!r} has no val/ folder: expected val/<class>/ images")
         folders = {"val": root / "val", "test": root / "test" if (root / "test").is_dir() else root / "val"}
         self.datasets = {
             split: ImageFolder(folder, eval_tf, loader=load_rgb_image) for split, folder in folders.items()
@@ -168,7 +172,7 @@ class ImageDataModule(L.LightningDataModule):
         """The split moved to the training device, once."""
         dataset = self.datasets[split]
         if not isinstance(dataset, DeviceTensors | TensorDataset):
-            raise ValueError(
+            raise UsageError(
                 f"data.on_device holds in-memory data (digits, a TensorDataset) on the device; the {split} split is a "
                 f"{type(dataset).__name__} read from files: leave data.on_device off"
             )

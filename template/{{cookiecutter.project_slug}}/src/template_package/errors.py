@@ -1,17 +1,15 @@
 """How a failed command is reported: one line for a mistake in what the user gave or a fault of the machine, a
 traceback for anything else.
 
-A mistake (a bad option value, a data folder without classes, a warmup longer than the run) is caught by a check of
-this project's, which raises with a message that names the value and what to do: the user needs that line, not a
-traceback. So does a disk that is full, read-only or failing, whatever write hits it first. Everything else, a
-ValueError from inside torch or from a line of the user's own model or data code included, is a bug to find, and
-keeps its traceback. So the line is kept for exactly: the errors that a `raise` statement in this package's own
-source created, Lightning's MisconfigurationException (raised for configuration mistakes only), failed checkpoint
-writes, and the OS errors of a write that the machine refused.
+Decided by the error's type, never by where it was raised: a mistake is reported with the project's own
+`UsageError` (its message names the value and what to do), Lightning's `MisconfigurationException` (raised for
+configuration mistakes only), an option the parser refused, a checkpoint that could not be written, or an OS error
+of a write that the machine refused (a full disk, a quota, a file size limit, a read-only or failing disk). Anything
+else, a ValueError from torch or from a line of the user's own model or data code included, is a bug to find, and
+keeps its traceback.
 """
 
 import errno
-import linecache
 import re
 from pathlib import Path
 
@@ -20,7 +18,16 @@ from lightning.fabric.utilities.exceptions import MisconfigurationException
 
 from .durable import CheckpointWriteError
 
-PACKAGE_DIR = Path(__file__).resolve().parent
+
+class UsageError(ValueError):
+    """A mistake in what the user gave (an option's value, a data folder, a checkpoint): its message, which names
+    the value and what to do instead, is the one line the user sees. Raise it from your own model or data code for
+    the same treatment; any other exception there keeps its traceback."""
+
+
+class NonFiniteLoss(UsageError, FloatingPointError):
+    """The loss became NaN or infinite: the run stops before the step reaches the weights."""
+
 
 # What the user can do about a failed write, by its cause; the first five are the machine's, wherever they occur.
 WRITE_ADVICE = {
@@ -34,35 +41,28 @@ WRITE_ADVICE = {
 }
 MACHINE_FAULTS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO)
 
-# Errors raised inside a data loader worker arrive re-raised by torch, with the worker's traceback as text.
-WORKER_FRAME = re.compile(r'File "([^"]+)", line (\d+), in [^\n]*\n\s*(\S[^\n]*)')
-
 
 def is_a_users_mistake(error: BaseException) -> bool:
-    """Whether `error` reports a mistake in what the user gave (one line) rather than a bug (a traceback)."""
-    if isinstance(error, CheckpointWriteError | MisconfigurationException):
+    """Whether `error` reports a mistake in what the user gave or a fault of the machine (one line), rather than a
+    bug (a traceback)."""
+    if isinstance(error, UsageError | CheckpointWriteError | MisconfigurationException):
         return True
-    if isinstance(error, OSError) and error.errno in MACHINE_FAULTS:
-        return True
-    if not isinstance(error, ValueError | OSError | FloatingPointError | ImportError):
-        return False
-    if "Original Traceback" in str(error):  # from a loader worker: its innermost frame, from the text
-        frames = WORKER_FRAME.findall(str(error))
-        if not frames:
-            return False
-        file, _, source = frames[-1]
-        return _in_package(file) and source.startswith("raise")
+    return isinstance(error, OSError) and error.errno in MACHINE_FAULTS
+
+
+def original_error(error: BaseException) -> BaseException:
+    """The error a class raised while the CLI built it: jsonargparse wraps it in a ValueError of its own ("Does not
+    validate against any of the Union subtypes"), raised from the original."""
+    while isinstance(error, ValueError) and error.__cause__ is not None and _raised_by_jsonargparse(error):
+        error = error.__cause__
+    return error
+
+
+def _raised_by_jsonargparse(error: BaseException) -> bool:
     traceback = error.__traceback__
-    if traceback is None:
-        return False
-    while traceback.tb_next is not None:
+    while traceback is not None and traceback.tb_next is not None:
         traceback = traceback.tb_next
-    file = traceback.tb_frame.f_code.co_filename
-    return _in_package(file) and linecache.getline(file, traceback.tb_lineno).strip().startswith("raise")
-
-
-def _in_package(file: str) -> bool:
-    return Path(file).resolve().is_relative_to(PACKAGE_DIR)
+    return traceback is not None and "jsonargparse" in Path(traceback.tb_frame.f_code.co_filename).parts
 
 
 def one_line(error: BaseException, run_dir: Path | None = None) -> str:
@@ -78,7 +78,7 @@ def one_line(error: BaseException, run_dir: Path | None = None) -> str:
         return f"{failed_write}{advice}; {what_last_ckpt_holds(run_dir)}"
     # A worker's error ends with the original "ValueError: message" line.
     lines = [line.strip() for line in str(error).splitlines() if line.strip()] or [type(error).__name__]
-    return re.sub(r"^\w+(Error|Exception): ", "", lines[-1])
+    return re.sub(r"^[\w.]+(Error|Exception): ", "", lines[-1])
 
 
 def what_last_ckpt_holds(run_dir: Path) -> str:

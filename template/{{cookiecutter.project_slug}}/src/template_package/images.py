@@ -7,6 +7,8 @@ from pathlib import Path
 import torch
 from torch.utils.data import Dataset
 
+from .errors import UsageError
+
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm"}
 
@@ -19,7 +21,7 @@ def load_rgb_image(path: str):
         with Image.open(path) as image:
             return image.convert("RGB")
     except (UnidentifiedImageError, OSError) as error:
-        raise ValueError(f"cannot decode the image {path} ({error.__class__.__name__}): fix or delete it") from None
+        raise UsageError(f"cannot decode the image {path} ({error.__class__.__name__}): fix or delete it") from None
 
 
 def image_folder_transforms(image_size: int):
@@ -50,10 +52,10 @@ class ImageFiles(Dataset):
     def __init__(self, root: str, transform) -> None:
         self.root, self.transform = Path(root), transform
         if not self.root.is_dir():
-            raise FileNotFoundError(f"predict_dir={root!r} is not a folder: give a folder of images")
+            raise UsageError(f"predict_dir={root!r} is not a folder: give a folder of images")
         self.files = sorted(str(p) for p in self.root.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
         if not self.files:
-            raise ValueError(f"predict_dir={root!r} has no image files ({', '.join(sorted(IMAGE_SUFFIXES))})")
+            raise UsageError(f"predict_dir={root!r} has no image files ({', '.join(sorted(IMAGE_SUFFIXES))})")
 
     def __len__(self) -> int:
         return len(self.files)

@@ -12,6 +12,7 @@ from lightning.pytorch.plugins.precision import Precision
 from torch import Tensor, nn
 from torchmetrics.classification import MulticlassAccuracy
 
+from .errors import NonFiniteLoss, UsageError
 from .nets import create_net
 from .schedulers import WarmupCosineSchedule
 
@@ -33,8 +34,8 @@ class ImageClassifier(L.LightningModule):
 
     Args:
         arch: "small_cnn" or a torchvision model name, see nets.create_net.
-        num_classes: number of classes; the CLI takes it from the DataModule.
-        in_channels: image channels; the CLI takes it from the DataModule.
+        num_classes: number of classes; left at None, the CLI takes it from the DataModule.
+        in_channels: image channels; left at None, the CLI takes it from the DataModule.
         pretrained: start a torchvision arch from ImageNet weights (downloads them).
         lr: peak learning rate, reached at the end of warmup.
         weight_decay: AdamW decay of weight matrices; biases and norm weights never decay.
@@ -57,8 +58,8 @@ class ImageClassifier(L.LightningModule):
     def __init__(
         self,
         arch: str = "small_cnn",
-        num_classes: int = 10,
-        in_channels: int = 1,
+        num_classes: int | None = None,
+        in_channels: int | None = None,
         pretrained: bool = False,
         lr: float = 3e-3,
         weight_decay: float = 0.05,
@@ -71,6 +72,8 @@ class ImageClassifier(L.LightningModule):
         fused_optimizer: bool = False,
     ) -> None:
         super().__init__()
+        if num_classes is None or in_channels is None:
+            raise UsageError("ImageClassifier needs num_classes and in_channels (the CLI takes them from the data)")
         self.save_hyperparameters()
         self.net = create_net(arch, num_classes, in_channels, pretrained, dropout)
         self._clipped_steps: Tensor | int = 0  # for train/clip_share: clipped optimizer steps since the last log
@@ -116,7 +119,7 @@ class ImageClassifier(L.LightningModule):
         # Stop before a NaN/inf reaches the weights, so the last checkpoint stays the last good state. (The check
         # costs one device-to-host sync a step.)
         if not torch.isfinite(loss):
-            raise FloatingPointError(
+            raise NonFiniteLoss(
                 f"train/loss is {loss.item()} at global step {self.global_step}, batch {batch_idx} of epoch "
                 f"{self.current_epoch}: lower model.lr, check the inputs, or find the first bad operation with "
                 "--trainer.detect_anomaly true"
@@ -206,5 +209,8 @@ class ImageClassifier(L.LightningModule):
         # Optimizer steps of the whole run: max_steps, or epochs x ceil(batches / accumulation), per device.
         total_steps = self.trainer.estimated_stepping_batches
         if total_steps == float("inf"):
-            raise ValueError("the warmup-cosine schedule needs a finite run: set trainer.max_epochs or max_steps")
-        schedule.set_total_steps(int(total_steps))
+            raise UsageError("the warmup-cosine schedule needs a finite run: set trainer.max_epochs or max_steps")
+        try:
+            schedule.set_total_steps(int(total_steps))
+        except ValueError as mistake:  # a warmup longer than the run
+            raise UsageError(str(mistake)) from None

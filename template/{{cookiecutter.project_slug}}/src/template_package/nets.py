@@ -7,6 +7,8 @@ are off by default.
 
 from torch import Tensor, nn
 
+from .errors import UsageError
+
 
 class SmallCNN(nn.Module):
     """Three conv-BN-ReLU blocks, optional dropout and a linear head: about 100k parameters, enough for 8x8 to 32x32
@@ -42,7 +44,7 @@ def torchvision_backbone(name: str, num_classes: int, in_channels: int = 3, pret
     import torchvision  # imported here: the digits default never needs it
 
     if in_channels != 3:
-        raise ValueError(f"torchvision backbones take 3-channel images, got in_channels={in_channels}")
+        raise UsageError(f"torchvision backbones take 3-channel images, got in_channels={in_channels}")
     if pretrained:
         net = torchvision.models.get_model(name, weights="DEFAULT")
         _replace_head(net, num_classes)
@@ -63,11 +65,11 @@ def create_net(
     before its head; torchvision models keep their own)."""
     if arch == "small_cnn":
         if pretrained:
-            raise ValueError("small_cnn has no pretrained weights: set pretrained=False or pick a torchvision arch")
+            raise UsageError("small_cnn has no pretrained weights: set pretrained=False or pick a torchvision arch")
         return SmallCNN(num_classes, in_channels, dropout=dropout)
     import torchvision
 
     available = torchvision.models.list_models(module=torchvision.models)
     if arch not in available:
-        raise ValueError(f"unknown arch {arch!r}: use 'small_cnn' or a torchvision model such as 'resnet18'")
+        raise UsageError(f"unknown arch {arch!r}: use 'small_cnn' or a torchvision model such as 'resnet18'")
     return torchvision_backbone(arch, num_classes, in_channels, pretrained)

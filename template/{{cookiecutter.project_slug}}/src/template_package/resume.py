@@ -27,6 +27,7 @@ from lightning.pytorch.strategies import Strategy
 from lightning_utilities.core.apply_func import apply_to_collection
 
 from .durable import CheckpointWriteError, DurableCheckpointIO
+from .errors import UsageError
 from .stop_signals import STOP_SIGNALS
 
 
@@ -74,7 +75,7 @@ class LastCheckpoint(Callback):
 
     def __init__(self, dirpath: str, every_n_steps: int = 1000) -> None:
         if every_n_steps < 0:
-            raise ValueError(f"every_n_steps={every_n_steps} must be >= 0 (0 writes at every epoch end)")
+            raise UsageError(f"every_n_steps={every_n_steps} must be >= 0 (0 writes at every epoch end)")
         self.dirpath = Path(dirpath)
         self.every_n_steps = every_n_steps
         self._saved_at_step = -1
@@ -99,7 +100,7 @@ class LastCheckpoint(Callback):
             return
         checkpoint_io = trainer.strategy.checkpoint_io
         if isinstance(checkpoint_io, AsyncCheckpointIO):
-            raise ValueError(
+            raise UsageError(
                 "trainer.plugins: AsyncCheckpointIO returns before a checkpoint is written, so last.ckpt could be "
                 "renamed into place half-written; leave it out (last.ckpt is already written in the background)"
             )
@@ -342,7 +343,7 @@ class ResumableRNGState(Callback):
         if self._to_restore is not None:
             saved = len(self._to_restore["torch"])
             if saved != trainer.world_size:
-                raise ValueError(f"the checkpoint was saved by {saved} processes and this run has {trainer.world_size}")
+                raise UsageError(f"the checkpoint was saved by {saved} processes and this run has {trainer.world_size}")
             rank = trainer.global_rank
             set_rng_state_tensors({k: v[rank] for k, v in self._to_restore.items()}, pl_module.device)
             self._to_restore = None

@@ -33,8 +33,9 @@ MATH = [
     "trainer.limit_train_batches",
     "trainer.deterministic",
 ]
-# Of the model's and data's settings these may change: how the data is loaded, not which data.
-FREE_DATA = {"num_workers", "predict_dir", "on_device"}
+# How data is loaded, not which data: these data options may change on a resume (with a notice), and validate, test
+# and predict never take them from a checkpoint. A DataModule adds its own with a class attribute `loading_options`.
+LOADING_OPTIONS = ("num_workers", "pin_memory", "persistent_workers", "prefetch_factor")
 # Shown when they change, then applied.
 NOTICED = [
     "trainer.max_epochs",
@@ -43,17 +44,30 @@ NOTICED = [
     "trainer.limit_val_batches",
     "trainer.check_val_every_n_epoch",
     "last_checkpoint.every_n_steps",
-    "data.num_workers",
-    "data.on_device",
 ]
 
 
-def check_resume_changes(config, checkpoint: dict, ckpt_path: str, allowed: list[str]) -> None:
-    """Refuse a math change that was not allowed (SystemExit with one line); print the changes that go ahead."""
+def loading_options(data) -> set[str]:
+    """The options of a DataModule (an instance, a class or a class path) that say how its data is loaded."""
+    if isinstance(data, str):
+        from .checks import import_class
+
+        data = import_class(data)
+    return {*LOADING_OPTIONS, *getattr(data, "loading_options", ())}
+
+
+def check_resume_changes(config, checkpoint: dict, ckpt_path: str, allowed: list[str], model, data) -> None:
+    """Refuse a math change that was not allowed (SystemExit with one line); print the changes that go ahead.
+
+    The model's and data's settings are read from the built objects, so a value the model took from the data
+    (num_classes, vocab_size) or the data found itself (the class names of a folder) is compared as it is used."""
     saved = saved_settings(checkpoint, Path(ckpt_path))
-    new = {option: value_at(config, option) for option in saved}
+    built = {"model": getattr(model, "hparams", {}), "data": getattr(data, "hparams", {})}
+    new = {option: built[option.split(".")[0]].get(option.split(".", 1)[1]) if option.split(".")[0] in built
+           else value_at(config, option) for option in saved}  # fmt: skip
+    free = {f"data.{name}" for name in loading_options(data)} if data is not None else set()
     changed = {option: (saved[option], new[option]) for option in saved if saved[option] != new[option]}
-    math = [option for option in changed if is_math(option)]
+    math = [option for option in changed if is_math(option) and option not in free]
     refused = [option for option in math if option not in allowed]
     if refused:
         option = refused[0]
@@ -71,8 +85,7 @@ def check_resume_changes(config, checkpoint: dict, ckpt_path: str, allowed: list
 
 
 def is_math(option: str) -> bool:
-    section, _, name = option.partition(".")
-    return option in MATH or section == "model" or (section == "data" and name not in FREE_DATA)
+    return option in MATH or option.split(".")[0] in ("model", "data")
 
 
 def saved_settings(checkpoint: dict, ckpt_path: Path) -> dict:
@@ -81,7 +94,7 @@ def saved_settings(checkpoint: dict, ckpt_path: Path) -> dict:
     saved = {}
     for section, key in (("model", "hyper_parameters"), ("data", "datamodule_hyper_parameters")):
         for name, value in (checkpoint.get(key) or {}).items():
-            if not name.startswith("_") and name not in ("num_classes", "in_channels", "classes"):  # the data's
+            if not name.startswith("_"):  # Lightning's own entries: the class path, the instantiator
                 saved[f"{section}.{name}"] = value
     config_file = ckpt_path.parent.parent / "config.yaml"
     if config_file.is_file():
