@@ -42,10 +42,10 @@ from torch.utils.data import TensorDataset
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import reference_loop  # noqa: E402
 
-from template_package.callbacks import Throughput  # noqa: E402
-from template_package.cli import auto_precision, build_cli  # noqa: E402
-from template_package.data import ImageDataModule  # noqa: E402
-from template_package.model import ImageClassifier  # noqa: E402
+from template_package.classifier.data import ImageDataModule  # noqa: E402
+from template_package.classifier.model import ImageClassifier  # noqa: E402
+from template_package.engine.callbacks import Throughput  # noqa: E402
+from template_package.engine.cli import auto_precision, build_cli  # noqa: E402
 
 
 class RandomImages(ImageDataModule):
@@ -102,10 +102,10 @@ class Interleave(L.Callback):
 
 # The default config's callbacks, and what `--without` drops from the template's features to measure each one.
 DEFAULT_CALLBACKS = {
-    "progress_bar": "template_package.callbacks.TimedProgressBar",
-    "rng_state": "template_package.resume.ResumableRNGState",
-    "confusion_matrix": "template_package.callbacks.ConfusionMatrixImage",
-    "throughput": "template_package.callbacks.Throughput",
+    "progress_bar": "template_package.engine.callbacks.TimedProgressBar",
+    "rng_state": "template_package.engine.resume.ResumableRNGState",
+    "confusion_matrix": "template_package.engine.callbacks.ConfusionMatrixImage",
+    "throughput": "template_package.engine.callbacks.Throughput",
 }
 WITHOUT = {
     "progress_bar": ["--trainer.enable_progress_bar=false"],

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from template_package.cli import main
+from template_package.engine.cli import main
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent

@@ -83,8 +83,8 @@ class Disable(Callback):
     def __init__(self, mechanism: str) -> None:
         from torchdata.stateful_dataloader import StatefulDataLoader
 
-        from template_package.data import ImageDataModule
-        from template_package.resume import ResumableRNGState
+        from template_package.classifier.data import ImageDataModule
+        from template_package.engine.resume import ResumableRNGState
 
         if mechanism == "rng_restore":
             ResumableRNGState.on_train_start = lambda self, trainer, pl_module: None

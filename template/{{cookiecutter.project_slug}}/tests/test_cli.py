@@ -57,7 +57,7 @@ def log_steps_against_last_ckpt(run_dir: Path, monkeypatch) -> list[tuple[int, i
     those after on_train_batch_end, where the checkpoint is taken."""
     from lightning.pytorch.loggers import TensorBoardLogger
 
-    from template_package.model import ImageClassifier
+    from template_package.classifier.model import ImageClassifier
 
     last, seen = run_dir / "checkpoints" / "last.ckpt", []
     log_metrics, training_step = TensorBoardLogger.log_metrics, ImageClassifier.training_step
@@ -95,7 +95,7 @@ def test_last_ckpt_appears_only_after_every_earlier_step_is_logged(run_dir: Path
 def test_last_ckpt_is_written_when_due_and_when_training_ends(run_dir: Path, monkeypatch, every_n_steps, extra, writes):
     """QUICK has 6-batch epochs: a write due on an epoch's last batch (steps 6, 12) is made at the epoch end; the final
     state is written however training ends, and not twice."""
-    from template_package.durable import DurableCheckpointIO
+    from template_package.engine.durable import DurableCheckpointIO
 
     written, save = [], DurableCheckpointIO.save_checkpoint
 
@@ -113,7 +113,7 @@ def test_last_ckpt_is_written_when_due_and_when_training_ends(run_dir: Path, mon
 
 def test_checkpoint_snapshot_is_a_copy_that_training_cannot_change():
     """last.ckpt is written in the background from this snapshot while training goes on changing the weights."""
-    from template_package.resume import snapshot
+    from template_package.engine.resume import snapshot
 
     weights, progress = torch.ones(3), [1]
     state, copied = snapshot({"state_dict": {"w": weights}, "loops": {"done": progress}})
@@ -179,8 +179,8 @@ def test_early_stopping_preset_adds_to_the_default_callbacks(run_dir: Path):
 
 def assert_confusion_image_matches_the_model(run_dir: Path, checkpoint: dict) -> None:
     """The last image equals the row-normalised confusion matrix of the validated model, computed by hand."""
-    from template_package.data import digits_splits
-    from template_package.model import ImageClassifier
+    from template_package.classifier.data import digits_splits
+    from template_package.classifier.model import ImageClassifier
 
     model = ImageClassifier(num_classes=10, in_channels=1).eval()
     model.load_state_dict(checkpoint["state_dict"])
@@ -219,7 +219,7 @@ def test_every_preset_parses(preset: str, capsys):
 
 @pytest.mark.slow
 def test_compiled_model_checkpoint_loads_into_an_uncompiled_model(run_dir: Path):
-    from template_package.model import ImageClassifier
+    from template_package.classifier.model import ImageClassifier
 
     cli("fit", "-c", str(PROJECT_ROOT / "configs" / "compile.yaml"), f"--trainer.default_root_dir={run_dir}",
         "--trainer.max_steps=3", "--trainer.limit_val_batches=2", "--trainer.enable_progress_bar=false")  # fmt: skip
@@ -253,7 +253,7 @@ def test_progress_bar_redraws_by_time_and_shows_each_epochs_count(run_dir: Path,
     batches trained, not the count it had when last drawn."""
     from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
 
-    from template_package.callbacks import TimedProgressBar
+    from template_package.engine.callbacks import TimedProgressBar
 
     drawn, display = [], Tqdm.display
 

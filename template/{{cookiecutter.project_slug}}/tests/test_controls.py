@@ -38,7 +38,7 @@ def test_without_it_a_checkpoint_goes_live_before_its_steps_are_logged(run_dir, 
     written at once instead, last.ckpt holds step S while step S-1 is not yet logged."""
     from test_cli import log_steps_against_last_ckpt
 
-    from template_package.resume import LastCheckpoint
+    from template_package.engine.resume import LastCheckpoint
 
     stage = LastCheckpoint._stage
 
@@ -57,7 +57,7 @@ def test_without_it_augmentations_depend_on_the_number_of_workers(tmp_path, monk
     generator instead, 0 and 2 workers train different bits."""
     from test_images import image_args, make_tree
 
-    from template_package.sampling import SeededAugmentation
+    from template_package.engine.sampling import SeededAugmentation
 
     def unseeded(self, key):
         image, target = self.dataset[key[1]]

@@ -4,7 +4,7 @@ from PIL import Image
 from sklearn.datasets import load_digits
 from torch.utils.data import BatchSampler
 
-from template_package.data import EpochShuffleSampler, ImageDataModule, digits_splits
+from template_package.classifier.data import EpochShuffleSampler, ImageDataModule, digits_splits
 
 
 def test_digits_split_is_disjoint_complete_and_fixed():

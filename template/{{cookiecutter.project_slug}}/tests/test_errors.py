@@ -8,7 +8,9 @@ import torch
 from conftest import QUICK, cli, cli_subprocess
 from PIL import Image
 
-from template_package.data import check_finite
+from template_package.classifier.data import check_finite
+
+MODEL = "template_package.classifier.model.ImageClassifier"
 
 
 def error_line(*args: str) -> str:
@@ -43,7 +45,7 @@ def existing_run(finished_run, tmp_path) -> Path:
 
 def test_unknown_option_suggests_the_close_one():
     assert error_line("fit", "--model.lrr=0.1") == (
-        "error: unknown option --model.lrr for template_package.model.ImageClassifier: did you mean --model.lr?"
+        f"error: unknown option --model.lrr for {MODEL}: did you mean --model.lr?"
     )
 
 
@@ -51,7 +53,7 @@ def test_unknown_key_in_a_config_file_suggests_the_close_one(tmp_path):
     config = tmp_path / "typo.yaml"
     config.write_text("model:\n  lrr: 0.1\n")
     assert error_line("fit", "-c", str(config)) == (
-        "error: unknown option model.lrr for template_package.model.ImageClassifier: did you mean model.lr?"
+        f"error: unknown option model.lrr for {MODEL}: did you mean model.lr?"
     )
 
 

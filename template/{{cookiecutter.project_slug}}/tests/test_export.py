@@ -1,4 +1,4 @@
-"""`python -m template_package.export` writes a model whose outputs match the LightningModule's."""
+"""`python -m template_package.engine.export` writes a model whose outputs match the LightningModule's."""
 
 import subprocess
 import sys
@@ -7,7 +7,7 @@ import pytest
 import torch
 from conftest import QUICK, cli, subprocess_env
 
-from template_package.export import load_for_inference, run_exported
+from template_package.engine.export import load_for_inference, run_exported
 
 
 @pytest.fixture(scope="module")
@@ -19,7 +19,7 @@ def checkpoint(tmp_path_factory) -> str:
 
 def export_command(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "template_package.export", *args],
+        [sys.executable, "-m", "template_package.engine.export", *args],
         env=subprocess_env(),
         capture_output=True,
         text=True,

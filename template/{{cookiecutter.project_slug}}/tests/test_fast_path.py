@@ -7,9 +7,9 @@ import torch
 from conftest import QUICK, cli, scalars
 from test_errors import error_line
 
-from template_package import callbacks
-from template_package.flops import peak_flops
-from template_package.model import ImageClassifier
+from template_package.classifier.model import ImageClassifier
+from template_package.engine import callbacks
+from template_package.engine.flops import peak_flops
 
 
 def test_data_on_device_trains_the_same_bits_as_the_loader(tmp_path):

@@ -25,7 +25,7 @@ from test_resume import (
     wait_until_frozen,
 )
 
-from template_package.run_lock import RunLock
+from template_package.engine.run_lock import RunLock
 
 # In-process runs: 2 epochs of 6 batches, last.ckpt every 5 optimizer steps, train/loss logged at every step.
 ARGS = [*QUICK, "--trainer.log_every_n_steps=1", "--last_checkpoint.every_n_steps=5"]
@@ -299,7 +299,7 @@ def test_a_bug_in_model_code_keeps_its_traceback(run_dir, monkeypatch):
     `error:`; a mistake in what the user gave still is (test_errors.py)."""
     import torch.nn.functional as F
 
-    from template_package.model import ImageClassifier
+    from template_package.classifier.model import ImageClassifier
 
     monkeypatch.setattr(ImageClassifier, "_loss", lambda self, logits, targets: F.cross_entropy(logits, targets[:1]))
     with pytest.raises(ValueError, match="Expected input batch_size"):
@@ -310,7 +310,7 @@ def test_only_the_third_party_notices_a_user_can_do_nothing_about_are_hidden():
     import logging
     import warnings
 
-    from template_package.cli import quiet_third_party_notices
+    from template_package.engine.cli import quiet_third_party_notices
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -60,8 +60,8 @@ def test_augmented_run_killed_mid_epoch_with_two_workers_resumes_bit_identical(t
 def test_predict_on_a_folder_of_new_images_needs_only_the_checkpoint(tree, tmp_path, monkeypatch):
     """Trained on the tree, which then goes away; predict on nested unlabeled images with --ckpt_path and
     --data.predict_dir only: class names, image size and channels come from the checkpoint."""
-    from template_package.images import image_folder_transforms, load_rgb_image
-    from template_package.model import ImageClassifier
+    from template_package.classifier.images import image_folder_transforms, load_rgb_image
+    from template_package.classifier.model import ImageClassifier
 
     run_dir = tmp_path / "run"
     data = shutil.copytree(tree, tmp_path / "data")

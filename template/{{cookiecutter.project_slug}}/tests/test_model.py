@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from template_package.model import ImageClassifier, weight_decay_groups
+from template_package.classifier.model import ImageClassifier, weight_decay_groups
 
 
 def test_biases_and_norm_weights_do_not_decay():

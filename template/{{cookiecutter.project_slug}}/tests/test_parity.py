@@ -9,8 +9,8 @@ import pytest
 import torch
 from conftest import PROJECT_ROOT, cli, scalars
 
-from template_package.data import ImageDataModule
-from template_package.model import ImageClassifier
+from template_package.classifier.data import ImageDataModule
+from template_package.classifier.model import ImageClassifier
 
 sys.path.insert(0, str(PROJECT_ROOT / "benchmarks"))
 import reference_loop  # noqa: E402
@@ -107,7 +107,7 @@ def test_the_gradient_norm_command_prints_their_distribution(capsys):
     """python -m <package>.grad_norms: median, p90 and max of the unclipped norms of the run's first steps."""
     import statistics
 
-    from template_package.grad_norms import main
+    from template_package.engine.grad_norms import main
 
     norms = main(["--steps", "12", "--trainer.max_epochs=1"])
     out = capsys.readouterr().out

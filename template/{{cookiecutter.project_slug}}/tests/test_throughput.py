@@ -7,8 +7,8 @@ import pytest
 import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, SequentialSampler
 
-from template_package.callbacks import Throughput
-from template_package.model import ImageClassifier
+from template_package.classifier.model import ImageClassifier
+from template_package.engine.callbacks import Throughput
 
 
 class SlowImages(Dataset):

@@ -17,8 +17,8 @@ def tracking(tmp_path_factory) -> tuple[list[str], str]:
     store's URI."""
     folder = tmp_path_factory.mktemp("tracking")
     uri = f"sqlite:///{folder / 'mlflow.db'}"
-    loggers = [{"class_path": "template_package.loggers.RunMLFlowLogger", "init_args": {"tracking_uri": uri}},
-               {"class_path": "template_package.loggers.RunCSVLogger"}]  # fmt: skip
+    loggers = [{"class_path": "template_package.engine.loggers.RunMLFlowLogger", "init_args": {"tracking_uri": uri}},
+               {"class_path": "template_package.engine.loggers.RunCSVLogger"}]  # fmt: skip
     return ["-c", extra_config(folder / "tracking.yaml", loggers=loggers)], uri
 
 

@@ -1,4 +1,4 @@
-"""`python -m template_package.grad_norms [--steps N] [fit options]`: how large the gradients are, to pick
+"""`python -m template_package.engine.grad_norms [--steps N] [fit options]`: how large the gradients are, to pick
 `trainer.gradient_clip_val` the way the training-loop guides do: train a few steps without clipping and look at
 the distribution of the total gradient norm (the norm that clipping by norm compares with the clip value).
 

@@ -25,8 +25,8 @@ def program() -> str:
 
 
 def project_description(package: str) -> str:
-    """The installed project's own description (pyproject.toml's `description`), else a generic one."""
-    for distribution in importlib.metadata.packages_distributions().get(package, []):
+    """The description of the installed project that holds `package` (pyproject.toml's), else a generic one."""
+    for distribution in importlib.metadata.packages_distributions().get(package.split(".")[0], []):
         summary = importlib.metadata.metadata(distribution).get("Summary")
         if summary and summary != "UNKNOWN":
             return summary

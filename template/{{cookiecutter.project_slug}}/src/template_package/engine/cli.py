@@ -44,8 +44,17 @@ from .run_directory import checkpoint_dir, configure_loggers, predictions_csv, r
 from .run_lock import RunLock, is_global_rank_zero
 from .stop_signals import STOP_SIGNALS
 
-# The packaged defaults; found beside the source tree of an editable install (`pip install -e .`).
-DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "default.yaml"
+
+def find_default_config() -> Path | None:
+    """The project's configs/default.yaml: in the nearest folder above this engine that has one (the project root of
+    an editable install, `pip install -e .`), wherever the engine was copied. None: every option from the command."""
+    for folder in Path(__file__).resolve().parents:
+        if (folder / "configs" / "default.yaml").is_file():
+            return folder / "configs" / "default.yaml"
+    return None
+
+
+DEFAULT_CONFIG = find_default_config()
 
 
 def auto_precision() -> str:
@@ -383,8 +392,8 @@ def _machine_faults_are_reported_once(args: threading.ExceptHookArgs) -> None:
 
 def build_cli(args: list[str] | None) -> ProjectCLI:
     """The CLI without main's error handling."""
-    defaults = {"default_config_files": [str(DEFAULT_CONFIG)], "exit_on_error": False}
-    top = {"prog": program(), "description": project_description(__package__.split(".")[0]), "exit_on_error": False}
+    defaults = {"default_config_files": [str(DEFAULT_CONFIG)] if DEFAULT_CONFIG else [], "exit_on_error": False}
+    top = {"prog": program(), "description": project_description(__package__), "exit_on_error": False}
     evaluations = ("fit", "validate", "test", "predict")
     return ProjectCLI(
         None,  # the model and data classes: the ones the config names (subclass mode)

@@ -18,9 +18,9 @@ import torch
 from torch.utils.data import BatchSampler, Dataset, SequentialSampler, TensorDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from .errors import UsageError
+from ..engine.errors import UsageError
+from ..engine.sampling import EpochShuffleSampler, SeededAugmentation
 from .images import ImageFiles, digits_like_transform, image_folder_transforms, load_rgb_image
-from .sampling import EpochShuffleSampler, SeededAugmentation
 
 
 def check_finite(images: torch.Tensor, name: str) -> None:

@@ -7,7 +7,7 @@ are off by default.
 
 from torch import Tensor, nn
 
-from .errors import UsageError
+from ..engine.errors import UsageError
 
 
 class SmallCNN(nn.Module):

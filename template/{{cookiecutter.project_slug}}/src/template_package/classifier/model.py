@@ -12,9 +12,9 @@ from lightning.pytorch.plugins.precision import Precision
 from torch import Tensor, nn
 from torchmetrics.classification import MulticlassAccuracy
 
-from .errors import NonFiniteLoss, UsageError
+from ..engine.errors import NonFiniteLoss, UsageError
+from ..engine.schedulers import WarmupCosineSchedule
 from .nets import create_net
-from .schedulers import WarmupCosineSchedule
 
 
 def weight_decay_groups(module: nn.Module, weight_decay: float) -> list[dict]:

@@ -1,6 +1,6 @@
 """Export a trained checkpoint for inference without Lightning.
 
-    python -m template_package.export --ckpt_path runs/default/checkpoints/last.ckpt --output model.onnx
+    python -m template_package.engine.export --ckpt_path runs/default/checkpoints/last.ckpt --output model.onnx
 
 The format follows the file suffix, or `--format`: `.onnx` ONNX (needs the `onnx` extra: pip install -e ".[onnx]"),
 `.pt2` torch.export, `.pt` TorchScript. The batch dimension stays dynamic. After writing, the exported model runs
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from .model import ImageClassifier
+from ..classifier.model import ImageClassifier
 
 FORMATS = {".onnx": "onnx", ".pt2": "torch.export", ".pt": "torchscript"}
 
@@ -58,7 +58,7 @@ def run_exported(output: Path, fmt: str, images: torch.Tensor) -> torch.Tensor:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m template_package.export", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m template_package export", description=__doc__.split("\n")[0])
     parser.add_argument("--ckpt_path", required=True, help="a checkpoint written by `fit`")
     parser.add_argument("--output", required=True, type=Path, help="the file to write: .onnx, .pt2 or .pt")
     parser.add_argument("--format", choices=sorted(set(FORMATS.values())), help="default: from the suffix")
