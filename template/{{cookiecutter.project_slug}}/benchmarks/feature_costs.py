@@ -20,8 +20,8 @@ import lightning as L
 import torch
 from lightning.pytorch.trainer import call
 
-from template_package.classifier.model import ImageClassifier
 from template_package.engine.cli import build_cli
+from template_package.engine.recipe import TrainingRecipe
 
 HOOKS = [name for name in vars(L.Callback) if name.startswith("on_") or name in ("setup", "teardown")]
 PER_STEP = {"on_train_batch_start", "on_train_batch_end", "on_before_backward", "on_after_backward",
@@ -92,14 +92,14 @@ def one_run(root: str, epochs: int, overhead: float) -> tuple[dict[tuple[str, st
     sys.modules[__name__].HookTimer = HookTimer  # for the CLI to find it by name
     dispatch = call._call_callback_hooks
     call._call_callback_hooks = timed(("dispatch", "all"), dispatch, overhead)
-    log_step, nan_check = ImageClassifier._log_step, torch.isfinite
-    ImageClassifier._log_step = timed(("the model's writes to the loggers", "step"), log_step, overhead)
-    torch.isfinite = timed(("the model's NaN check of each loss", "step"), nan_check, overhead)
+    log_step, nan_check = TrainingRecipe.on_train_batch_end, torch.isfinite
+    TrainingRecipe.on_train_batch_end = timed(("the recipe's writes to the loggers", "step"), log_step, overhead)
+    torch.isfinite = timed(("the recipe's NaN check of each loss", "step"), nan_check, overhead)
     try:
         args = ["fit", f"--trainer.max_epochs={epochs}", f"--trainer.default_root_dir={root}"]
         trainer = build_cli([*args, f"--trainer.callbacks+={__name__}.HookTimer"]).trainer
     finally:
-        call._call_callback_hooks, ImageClassifier._log_step, torch.isfinite = dispatch, log_step, nan_check
+        call._call_callback_hooks, TrainingRecipe.on_train_batch_end, torch.isfinite = dispatch, log_step, nan_check
     timer = next(c for c in trainer.callbacks if isinstance(c, HookTimer))
     steps = trainer.global_step
     callbacks = {type(c).__name__ for c in trainer.callbacks if c is not timer}

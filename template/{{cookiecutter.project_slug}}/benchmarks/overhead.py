@@ -45,7 +45,9 @@ import reference_loop  # noqa: E402
 from template_package.classifier.data import ImageDataModule  # noqa: E402
 from template_package.classifier.model import ImageClassifier  # noqa: E402
 from template_package.engine.callbacks import Throughput  # noqa: E402
-from template_package.engine.cli import auto_precision, build_cli  # noqa: E402
+from template_package.engine.cli import build_cli  # noqa: E402
+from template_package.engine.loaders import resumable_loader  # noqa: E402
+from template_package.engine.trainer import auto_precision  # noqa: E402
 
 
 class RandomImages(ImageDataModule):
@@ -155,6 +157,12 @@ def precision(options: argparse.Namespace) -> str:
     return auto_precision() if options.precision == "auto" else options.precision
 
 
+def engine_train_loader(data: ImageDataModule):
+    """The train loader as the engine's Trainer rebuilds it (engine/loaders.py): the reference loop and the bare
+    Trainer read the same batches, the same way."""
+    return resumable_loader(data.train_dataloader(), torch.initial_seed(), epoch=0)
+
+
 def reference_epochs(options: argparse.Namespace, epochs: int) -> Iterator[list[float]]:
     """The reference loop on its own copy of the model (the same initial weights) and data, one epoch per next()."""
     L.seed_everything(42)
@@ -165,7 +173,7 @@ def reference_epochs(options: argparse.Namespace, epochs: int) -> Iterator[list[
     data.setup("fit")
     memory_format = torch.channels_last if options.channels_last else torch.contiguous_format
     return reference_loop.train_epochs(
-        net, data.train_dataloader(), epochs=epochs, precision=precision(options),
+        net, engine_train_loader(data), epochs=epochs, precision=precision(options),
         device="cuda" if options.gpu else "cpu", memory_format=memory_format,
     )  # fmt: skip
 
@@ -187,7 +195,12 @@ def fit_interleaved(options: argparse.Namespace, root: str) -> tuple[float, floa
 
 
 class BareClassifier(ImageClassifier):
-    """The project's network, optimizer and LR schedule, without its NaN check and logging."""
+    """The project's network, optimizer and LR schedule, without the recipe's NaN check, logging and diagnostics:
+    Lightning's own hooks."""
+
+    on_before_backward = L.LightningModule.on_before_backward
+    on_train_batch_end = L.LightningModule.on_train_batch_end
+    configure_gradient_clipping = L.LightningModule.configure_gradient_clipping
 
     def training_step(self, batch, batch_idx):
         images, targets = batch
@@ -208,7 +221,8 @@ def fit_bare(options: argparse.Namespace, root: str, callbacks: list[L.Callback]
         precision=precision(options), default_root_dir=root,
         accelerator="gpu" if options.gpu else "cpu", devices=1, limit_val_batches=0,
     )  # fmt: skip
-    trainer.fit(model, datamodule=data)
+    data.setup("fit")
+    trainer.fit(model, train_dataloaders=engine_train_loader(data))
     return trainer
 
 

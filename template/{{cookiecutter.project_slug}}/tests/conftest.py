@@ -1,4 +1,9 @@
-"""Shared helpers: run the real CLI in-process with a tiny budget, or as `python -m` in a subprocess."""
+"""Shared helpers: run the real CLI in-process with a tiny budget, or as `python -m` in a subprocess.
+
+The engine's tests (tests/*.py) train the stand-in task of stand_in.py, whatever configs/default.yaml names; the tests
+of the example task live in a folder of their own (tests/<task>/) and are marked `example`: after you replace the
+example with your own model and data, `pytest -m "not example"` checks the engine and `pytest -m guarantees` your
+classes."""
 
 import os
 
@@ -22,6 +27,22 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
 # Enough to exercise every hook in a couple of seconds: 2 epochs of 6 batches.
 QUICK = ["--trainer.max_epochs=2", "--trainer.limit_train_batches=6", "--trainer.enable_progress_bar=false"]
+# The engine's tests train the stand-in task (stand_in.py): given right after the subcommand.
+STAND_IN = ["--model=stand_in.StandInClassifier", "--data=stand_in.StandInData"]
+TRAINER_SUBCOMMANDS = ("fit", "validate", "test", "predict")
+
+
+def pytest_collection_modifyitems(items) -> None:
+    """Tests in a folder of tests/ test the example task: marked `example`."""
+    for item in items:
+        if Path(item.path).parent != TESTS:
+            item.add_marker(pytest.mark.example)
+
+
+def with_task(args: tuple[str, ...] | list[str], task: list[str]) -> list[str]:
+    """`args` with the task's class options right after a Trainer subcommand."""
+    args = list(args)
+    return [args[0], *task, *args[1:]] if args[:1] and args[0] in TRAINER_SUBCOMMANDS else args
 
 
 @pytest.fixture
@@ -90,25 +111,26 @@ def stop_what_the_test_started():
             process.wait()
 
 
-def cli(*args: str):
-    """`python -m template_package ARGS`, in this process; returns the LightningCLI."""
-    return main(list(args))
+def cli(*args: str, task: list[str] = STAND_IN):
+    """`python -m template_package ARGS`, in this process, on the stand-in task (task=[]: the config's classes);
+    returns the LightningCLI."""
+    return main(with_task(args, task))
 
 
-def cli_subprocess(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    """`python -m template_package ARGS` in a child process, in the test's folder."""
+def cli_subprocess(*args: str, timeout: float = 300, task: list[str] = STAND_IN) -> subprocess.CompletedProcess:
+    """`python -m template_package ARGS` in a child process, in the test's folder, on the stand-in task."""
     return subprocess.run(
-        [sys.executable, "-m", "template_package", *args],
+        [sys.executable, "-m", "template_package", *with_task(args, task)],
         env=subprocess_env(), capture_output=True, text=True, timeout=timeout,
     )  # fmt: skip
 
 
-def resume(run_dir: Path, *args: str):
+def resume(run_dir: Path, *args: str, task: list[str] = STAND_IN):
     """`fit --ckpt_path last` in this process. It starts in a new second: TensorBoard reads a run's event files in
     the order of their names (the second, host, PID, then a per-process counter that sorts as text), and this
     process's second file, named in the same second as its first, could sort before it."""
     time.sleep(1 - time.time() % 1)
-    return cli("fit", f"--trainer.default_root_dir={run_dir}", "--ckpt_path=last", *args)
+    return cli("fit", f"--trainer.default_root_dir={run_dir}", "--ckpt_path=last", *args, task=task)
 
 
 def scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:

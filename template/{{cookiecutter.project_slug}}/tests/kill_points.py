@@ -6,6 +6,7 @@ a crash or an out-of-memory kill would. Used by test_resume.py through `--traine
 
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -77,13 +78,13 @@ class Disable(Callback):
     without it (tests/test_controls.py). Given to the resumed run only, through `--config`:
 
     rng_restore: ResumableRNGState does not restore the random states; loader_state: the loader does not restore its
-    position; sampler_epoch: the train loader starts at epoch 0's order, whatever the epoch.
+    position; sampler_epoch: the engine's train loader starts at epoch 0's order, whatever the epoch.
     """
 
     def __init__(self, mechanism: str) -> None:
         from torchdata.stateful_dataloader import StatefulDataLoader
 
-        from template_package.classifier.data import ImageDataModule
+        from template_package.engine import loaders
         from template_package.engine.resume import ResumableRNGState
 
         if mechanism == "rng_restore":
@@ -91,6 +92,20 @@ class Disable(Callback):
         elif mechanism == "loader_state":
             StatefulDataLoader.load_state_dict = lambda self, state_dict: None
         elif mechanism == "sampler_epoch":
-            ImageDataModule.train_dataloader = lambda self: self._loader("train")
+            rebuild = loaders.resumable_loader
+            loaders.resumable_loader = lambda loader, seed, epoch, *args: rebuild(loader, seed, 0, *args)
         else:
             raise ValueError(f"unknown mechanism {mechanism!r}")
+
+
+class Say(Callback):
+    """Prints `text` to stderr the first time `hook` runs (marks a moment in a run's output)."""
+
+    def __init__(self, hook: str, text: str) -> None:
+        self.text = text
+        setattr(self, hook, self._say)
+
+    def _say(self, *args, **kwargs) -> None:
+        if self.text:
+            print(self.text, file=sys.stderr)
+            self.text = ""

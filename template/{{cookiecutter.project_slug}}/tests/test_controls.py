@@ -3,7 +3,7 @@ fail. Proof that the resume tests can fail, and that each piece is needed."""
 
 import pytest
 import torch
-from conftest import cli, extra_config
+from conftest import extra_config
 from test_resume import KILL_POINTS, assert_same_run, finish, freeze_config, kill_when_frozen, reference_run, start_fit
 
 pytestmark = pytest.mark.slow
@@ -52,22 +52,13 @@ def test_without_it_a_checkpoint_goes_live_before_its_steps_are_logged(run_dir, 
     assert any(step < saved for step, saved in seen)
 
 
-def test_without_it_augmentations_depend_on_the_number_of_workers(tmp_path, monkeypatch):
-    """SeededAugmentation draws each sample's crop and flip from (seed, epoch, index); drawn from the worker's own
-    generator instead, 0 and 2 workers train different bits."""
-    from test_images import image_args, make_tree
+def test_without_it_random_draws_depend_on_the_number_of_workers(tmp_path, monkeypatch):
+    """SeededSamples seeds each sample's draws (the stand-in's noise) from (seed, epoch, index); drawn from each
+    worker's own generator instead, 0 and 2 workers train different bits (tests/test_loaders.py: the same bits)."""
+    from test_loaders import weights_with_workers
 
-    from template_package.engine.sampling import SeededAugmentation
+    from template_package.engine.sampling import SeededSamples
 
-    def unseeded(self, key):
-        image, target = self.dataset[key[1]]
-        return self.transform(image), target
-
-    monkeypatch.setattr(SeededAugmentation, "__getitem__", unseeded)
-    tree = make_tree(tmp_path / "tree")
-    weights = []
-    for workers in (0, 2):
-        run_dir = tmp_path / f"workers{workers}"
-        cli("fit", f"--trainer.default_root_dir={run_dir}", *image_args(tree), f"--data.num_workers={workers}")
-        weights.append(torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"])
-    assert not all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+    monkeypatch.setattr(SeededSamples, "__getitem__", lambda self, key: self.dataset[key[1]])
+    weights = weights_with_workers(tmp_path, (0, 2))
+    assert not all(torch.equal(weights[0][k], weights[2][k]) for k in weights[0])

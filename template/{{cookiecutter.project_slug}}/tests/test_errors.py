@@ -6,11 +6,8 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import QUICK, cli, cli_subprocess
-from PIL import Image
 
-from template_package.classifier.data import check_finite
-
-MODEL = "template_package.classifier.model.ImageClassifier"
+MODEL = "stand_in.StandInClassifier"
 
 
 def error_line(*args: str) -> str:
@@ -102,14 +99,12 @@ def test_damaged_checkpoint_is_refused_and_the_run_kept(existing_run, tmp_path, 
 
 def test_checkpoint_of_another_architecture_lists_the_mismatches(existing_run, tmp_path):
     checkpoint = torch.load(existing_run / "checkpoints" / "last.ckpt", weights_only=True)
-    del checkpoint["state_dict"]["net.head.bias"]
-    checkpoint["state_dict"]["net.head.weight"] = torch.zeros(5, 128)
+    del checkpoint["state_dict"]["net.8.bias"]
+    checkpoint["state_dict"]["net.8.weight"] = torch.zeros(5, 512)
     other = tmp_path / "other.ckpt"
     torch.save(checkpoint, other)
     message = error_line("validate", f"--trainer.default_root_dir={existing_run}", f"--ckpt_path={other}")
-    assert (
-        "is for another architecture (missing net.head.bias; net.head.weight is (5, 128) in the checkpoint" in message
-    )
+    assert "is for another architecture (missing net.8.bias; net.8.weight is (5, 512) in the checkpoint" in message
     assert "strict=False" in message
 
 
@@ -123,51 +118,6 @@ def test_checkpoint_needing_unpickling_is_refused_with_the_way_out(tmp_path):
     message = error_line("test", f"--ckpt_path={unsafe}")
     assert "unpickling runs arbitrary code, so it was refused" in message
     assert message.endswith("if you trust the file, add --weights_only false")
-
-
-def make_image_folder(root: Path, classes: list[str], bad_image: bool = False) -> None:
-    for split in ("train", "val"):
-        for i, name in enumerate(classes):
-            (root / split / name).mkdir(parents=True)
-            for j in range(4):
-                Image.new("RGB", (20, 20), (60 * i, 20 * j, 0)).save(root / split / name / f"{j}.png")
-    if bad_image:
-        (root / "train" / classes[0] / "broken.png").write_bytes(b"not a png at all")
-
-
-def test_missing_data_dir_is_named(tmp_path, run_dir):
-    message = error_line("fit", f"--data.data_dir={tmp_path / 'nowhere'}", f"--trainer.default_root_dir={run_dir}")
-    assert f"data_dir='{tmp_path / 'nowhere'}' has no train/ folder" in message
-
-
-@pytest.mark.parametrize("classes, found", [([], "no class folders"), (["cat"], "only the class folder 'cat'")])
-def test_data_dir_without_two_classes_is_refused(tmp_path, run_dir, classes, found):
-    make_image_folder(tmp_path / "data", classes)
-    (tmp_path / "data" / "train").mkdir(parents=True, exist_ok=True)
-    message = error_line("fit", f"--data.data_dir={tmp_path / 'data'}", f"--trainer.default_root_dir={run_dir}")
-    assert found in message and "2 classes or more" in message
-
-
-def test_undecodable_image_is_reported_with_its_path(tmp_path):
-    make_image_folder(tmp_path / "data", ["cat", "dog"], bad_image=True)
-    broken = tmp_path / "data" / "train" / "cat" / "broken.png"
-    result = cli_subprocess(
-        "fit", f"--data.data_dir={tmp_path / 'data'}", "--data.image_size=16", "--data.batch_size=9",
-        "--data.num_workers=1", f"--trainer.default_root_dir={tmp_path / 'run'}", "--trainer.max_epochs=1",
-    )  # fmt: skip
-    assert result.returncode != 0
-    assert (
-        result.stderr.strip().splitlines()[-1]
-        == f"error: cannot decode the image {broken} (UnidentifiedImageError): fix or delete it"
-    )  # noqa: E501
-    assert "Traceback" not in result.stderr
-
-
-def test_non_finite_inputs_are_found_before_training():
-    images = torch.rand(5, 1, 8, 8)
-    images[3, 0, 2, 2] = float("nan")
-    with pytest.raises(ValueError, match="non-finite values .* in 1 samples, first at index 3"):
-        check_finite(images, "digits")
 
 
 def test_non_finite_loss_stops_without_overwriting_the_last_good_checkpoint(run_dir):
@@ -203,3 +153,33 @@ def test_run_dir_that_cannot_be_created_fails_before_training(tmp_path):
         "--trainer.default_root_dir"
     )
     assert "Traceback" not in result.stderr and "Epoch" not in result.stdout
+
+
+# --- Errors by type: one line for a mistake, a traceback for a bug, wherever it was raised ----------------------------
+
+
+@pytest.mark.parametrize("when", ["init", "training_step"])
+def test_a_value_error_in_the_users_own_model_keeps_its_traceback(run_dir, when):
+    """A `raise ValueError` in the user's model is a bug to find: the same error, with its traceback (in the model's
+    own code, not jsonargparse's wrapper around a class that failed while it was built)."""
+    with pytest.raises(ValueError, match=f"ValueError raised at {when}") as raised:
+        cli("fit", f"--trainer.default_root_dir={run_dir}", *QUICK, "--model=stand_in.FailingClassifier",
+            f"--model.when={when}")  # fmt: skip
+    assert type(raised.value) is ValueError
+    assert raised.traceback[-1].path.name == "stand_in.py"
+
+
+def test_a_bug_in_a_subprocess_prints_its_traceback(run_dir):
+    result = cli_subprocess(
+        "fit", f"--trainer.default_root_dir={run_dir}", *QUICK, "--model=stand_in.FailingClassifier"
+    )
+    assert result.returncode == 1
+    assert "Traceback (most recent call last)" in result.stderr and "in training_step" in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == "ValueError: ValueError raised at training_step"
+
+
+@pytest.mark.parametrize("when", ["init", "training_step"])
+def test_the_projects_own_error_type_raised_in_the_users_code_is_one_line(run_dir, when):
+    message = error_line("fit", f"--trainer.default_root_dir={run_dir}", *QUICK, "--model=stand_in.FailingClassifier",
+                         "--model.error=UsageError", f"--model.when={when}")  # fmt: skip
+    assert message == f"error: UsageError raised at {when}"

@@ -4,7 +4,7 @@ import pytest
 import torch
 from conftest import QUICK, cli, scalars
 
-from template_package.engine.cli import Trainer, auto_precision
+from template_package.engine.trainer import Trainer, auto_precision
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU; none on this machine")
 
@@ -53,28 +53,3 @@ def test_mixed_precision_resume_is_bit_identical_on_cuda(tmp_path, tmp_path_fact
 
     args = ["--trainer.accelerator=gpu", "--trainer.devices=1", f"--trainer.precision={precision}"]
     assert_kill_and_resume_exact(tmp_path, tmp_path_factory, args, hook="on_train_batch_end", step=8)
-
-
-@needs_cuda
-@pytest.mark.slow
-def test_fast_path_switches_resume_bit_identical_on_cuda(tmp_path, tmp_path_factory):
-    """configs/fast.yaml's switches but cuDNN autotuning (which gives up bit-exactness, see its comments): data held
-    on the GPU, fused AdamW, channels_last and CUDA graphs resume exactly."""
-    from test_resume import assert_kill_and_resume_exact
-
-    args = ["--trainer.accelerator=gpu", "--trainer.devices=1", "--trainer.precision=bf16-mixed",
-            "--data.on_device=true", "--model.fused_optimizer=true", "--model.channels_last=true",
-            "--model.compile=reduce-overhead"]  # fmt: skip
-    assert_kill_and_resume_exact(tmp_path, tmp_path_factory, args, hook="on_train_batch_end", step=8)
-
-
-@needs_cuda
-def test_fast_preset_trains_on_cuda_and_logs_mfu(tmp_path):
-    from conftest import PROJECT_ROOT
-
-    cli("fit", "-c", str(PROJECT_ROOT / "configs" / "fast.yaml"), f"--trainer.default_root_dir={tmp_path}",
-        "--trainer.log_every_n_steps=2", *QUICK)  # fmt: skip
-    logged = scalars(tmp_path)
-    losses = [value for _, value in logged["train/loss"]]
-    assert losses[-1] < losses[0]
-    assert all(0 < value < 1 for _, value in logged["perf/mfu"]), logged["perf/mfu"]

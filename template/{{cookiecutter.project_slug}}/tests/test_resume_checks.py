@@ -38,10 +38,10 @@ def test_a_change_of_the_runs_math_is_refused_in_one_line(finished_run, flag, ol
     assert files(finished_run) == before
 
 
-def test_where_the_data_is_loaded_may_change(finished_run, capsys):
-    """data.on_device gathers the same batches (tests/test_fast_path.py): a resume may switch it, with a notice."""
-    resume(finished_run, *ARGS, "--trainer.max_epochs=3", "--data.on_device=true")
-    assert "data.on_device False -> True" in capsys.readouterr().out
+def test_how_the_data_is_loaded_may_change(finished_run, capsys):
+    """The number of loader workers reads the same batches: a resume may change it, with a notice."""
+    resume(finished_run, *ARGS, "--trainer.max_epochs=3", "--data.num_workers=1")
+    assert "data.num_workers 0 -> 1" in capsys.readouterr().out
     assert len(scalars(finished_run)["train/loss"]) == 18
 
 

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import PROJECT_ROOT, QUICK, cli, cli_subprocess, started, subprocess_env
+from conftest import PROJECT_ROOT, QUICK, STAND_IN, cli, cli_subprocess, started, subprocess_env
 
 optuna = pytest.importorskip("optuna", reason='sweeps need the sweep extra: pip install -e ".[sweep]"')
 
 # Short trials: 2 epochs of 6 batches, validated on 3 batches; a checkpoint every 4 steps.
-TRIAL = [*QUICK, "--trainer.limit_val_batches=3", "--last_checkpoint.every_n_steps=4",
+TRIAL = [*STAND_IN, *QUICK, "--trainer.limit_val_batches=3", "--last_checkpoint.every_n_steps=4",
          "--trainer.enable_model_summary=false"]  # fmt: skip
 SWEEP_YAML = str(PROJECT_ROOT / "configs" / "sweep.yaml")
 

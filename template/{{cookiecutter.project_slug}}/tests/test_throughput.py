@@ -5,9 +5,9 @@ import time
 import lightning as L
 import pytest
 import torch
+from stand_in import StandInClassifier
 from torch.utils.data import BatchSampler, DataLoader, Dataset, SequentialSampler
 
-from template_package.classifier.model import ImageClassifier
 from template_package.engine.callbacks import Throughput
 
 
@@ -47,7 +47,8 @@ def test_data_wait_share_is_the_fetch_time_over_the_step_interval(tmp_path, dela
     dataset = SlowImages(delay)
     batches = BatchSampler(SequentialSampler(dataset), 64, drop_last=True)
     trainer.fit(
-        ImageClassifier(num_classes=10, in_channels=1, warmup=1), DataLoader(dataset, sampler=batches, batch_size=None)
+        StandInClassifier(num_classes=10, in_channels=1, warmup=1),
+        DataLoader(dataset, sampler=batches, batch_size=None),
     )
     throughput = next(c for c in trainer.callbacks if isinstance(c, Throughput))
     share = throughput.latest["perf/data_wait_share"]

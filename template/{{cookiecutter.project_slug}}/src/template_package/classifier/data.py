@@ -1,10 +1,10 @@
-"""The LightningDataModule: scikit-learn's digits by default, or your own images in ImageFolder layout (images.py),
-read in an order and with augmentations that resume exactly (sampling.py).
+"""The example's LightningDataModule: scikit-learn's digits by default, or your own images in ImageFolder layout
+(images.py).
 
 Digits (1,797 8x8 grayscale images, 10 classes) ship inside scikit-learn, so the default run needs no network.
 For your own data, set `data_dir` to a folder with `train/<class>/*.jpg`, `val/<class>/*.jpg` and optionally
-`test/<class>/*.jpg`. Loaders are torchdata `StatefulDataLoader`s: Lightning saves their position in each checkpoint
-and restores it on resume, so a run resumed mid-epoch sees the same batches as one that never stopped.
+`test/<class>/*.jpg`. The loaders are plain DataLoaders: the engine rebuilds the train loader so that it resumes
+exactly (engine/loaders.py), the random crops and flips included, whatever the number of workers.
 
 With `on_device`, in-memory splits are held on the training device and batches are gathered there: the GPU fast
 path (configs/fast.yaml), with no loader work and no host-to-device copy of images per batch.
@@ -15,11 +15,9 @@ from pathlib import Path
 
 import lightning as L
 import torch
-from torch.utils.data import BatchSampler, Dataset, SequentialSampler, TensorDataset
-from torchdata.stateful_dataloader import StatefulDataLoader
+from torch.utils.data import BatchSampler, DataLoader, Dataset, SequentialSampler, TensorDataset
 
 from ..engine.errors import UsageError
-from ..engine.sampling import EpochShuffleSampler, SeededAugmentation
 from .images import ImageFiles, digits_like_transform, image_folder_transforms, load_rgb_image
 
 
@@ -44,18 +42,16 @@ def digits_splits(val_fraction: float, test_fraction: float, seed: int) -> tuple
     return tuple(TensorDataset(images[idx], targets[idx]) for idx in parts)
 
 
-class DeviceTensors(Dataset):
-    """A TensorDataset's tensors moved to `device`, indexed a batch at a time (keys are lists of indices).
+class DeviceTensors(TensorDataset):
+    """A TensorDataset's tensors moved to `device`, indexed a batch at a time (keys are lists of indices, which the
+    engine's train loader gives any TensorDataset).
 
     The indices go to the device from pinned memory without blocking: a plain copy from pageable memory would make
     the host wait for the GPU to finish the previous step before queueing the next one."""
 
     def __init__(self, dataset: TensorDataset, device: torch.device) -> None:
-        self.tensors = [tensor.to(device) for tensor in dataset.tensors]
+        super().__init__(*(tensor.to(device) for tensor in dataset.tensors))
         self.device = device
-
-    def __len__(self) -> int:
-        return len(self.tensors[0])
 
     def __getitem__(self, indices: list[int]) -> tuple[torch.Tensor, ...]:
         index = torch.tensor(indices)
@@ -127,6 +123,11 @@ class ImageDataModule(L.LightningDataModule):
         return len(self.classes)
 
     @property
+    def input_size(self) -> int:
+        """The side of the square images the network sees (8 for digits); the model takes it from here."""
+        return 8 if self.hparams.data_dir is None else self.hparams.image_size
+
+    @property
     def in_channels(self) -> int:
         return 1 if self.hparams.data_dir is None else 3
 
@@ -163,69 +164,52 @@ class ImageDataModule(L.LightningDataModule):
         self.datasets = {
             split: ImageFolder(folder, eval_tf, loader=load_rgb_image) for split, folder in folders.items()
         }
-        # The training images' random crops and flips are drawn per sample from (seed, epoch, index): see sampling.py.
-        training = ImageFolder(root / "train", loader=load_rgb_image)
-        self.datasets["train"] = SeededAugmentation(training, train_tf, torch.initial_seed())
+        # Random crops and flips, drawn from torch's generator: the engine seeds it for each sample from
+        # (seed, epoch, index), so a resumed run, or one with other num_workers, draws the same ones.
+        self.datasets["train"] = ImageFolder(root / "train", train_tf, loader=load_rgb_image)
         self.datasets["predict"] = self.datasets["test"]
 
     def _device_tensors(self, split: str) -> DeviceTensors:
         """The split moved to the training device, once."""
         dataset = self.datasets[split]
-        if not isinstance(dataset, DeviceTensors | TensorDataset):
+        if not isinstance(dataset, TensorDataset):
             raise UsageError(
                 f"data.on_device holds in-memory data (digits, a TensorDataset) on the device; the {split} split is a "
                 f"{type(dataset).__name__} read from files: leave data.on_device off"
             )
-        if isinstance(dataset, TensorDataset):
+        if not isinstance(dataset, DeviceTensors):
             device = self.trainer.strategy.root_device if self.trainer else torch.device("cpu")
             self.datasets[split] = dataset = DeviceTensors(dataset, device)
         return dataset
 
-    def _loader(self, split: str) -> StatefulDataLoader:
+    def _loader(self, split: str) -> DataLoader:
         train = split == "train"
         on_device = self.hparams.on_device and split != "predict"  # (predictions are written on the host anyway)
         dataset = self._device_tensors(split) if on_device else self.datasets[split]
         batch_size, sampler = self.hparams.batch_size, None
-        if on_device and not train:
+        if on_device and not train:  # gathered a batch at a time (the engine does it for the train loader)
             sampler, batch_size = BatchSampler(SequentialSampler(dataset), batch_size, drop_last=False), None
-        if train:
-            # The shuffle follows the training seed (seed_everything sets torch.initial_seed); evaluation order stays
-            # fixed, so predictions line up with the files.
-            # In-memory tensors are gathered a batch at a time: one index operation instead of batch_size
-            # __getitem__ calls and a stack, which cost ~1 ms, 6% of a digits step on 2 CPU cores.
-            in_memory = isinstance(dataset, TensorDataset | DeviceTensors)
-            replicas, rank = (self.trainer.world_size, self.trainer.global_rank) if self.trainer else (1, 0)
-            sampler = EpochShuffleSampler(
-                len(dataset), torch.initial_seed(), batch_size if in_memory else None, replicas, rank,
-                with_epoch=isinstance(dataset, SeededAugmentation),
-            )  # fmt: skip
-            batch_size = None if in_memory else batch_size
-        return StatefulDataLoader(
+        return DataLoader(
             dataset,
             batch_size=batch_size,
             sampler=sampler,
-            # Worker seeds are drawn from this generator, not from the global RNG the model's dropout uses.
-            generator=torch.Generator().manual_seed(torch.initial_seed()),
-            # A tiny last batch would make BatchNorm statistics and the loss noisy (the batching sampler drops it).
-            drop_last=train and batch_size is not None,
+            shuffle=train,  # evaluation order stays fixed, so predictions line up with the files
+            drop_last=train,  # a tiny last batch would make BatchNorm statistics and the loss noisy
             num_workers=self.num_workers,
             pin_memory=torch.cuda.is_available() and not on_device,  # pinning only helps host-to-GPU copies
             persistent_workers=self.num_workers > 0,  # no process start-up cost at every epoch
+            # Worker seeds are drawn from this generator, not from the global one the model's dropout uses.
+            generator=torch.Generator().manual_seed(torch.initial_seed()),
         )
 
-    def train_dataloader(self) -> StatefulDataLoader:
-        loader = self._loader("train")
-        if self.trainer is not None:
-            # Lightning builds the train loader, and fetches its first batch, before its own `set_epoch` call: a
-            # run resumed in epoch 2 would replay epoch 0's order. Start the sampler at the epoch being trained.
-            loader.sampler.set_epoch(self.trainer.fit_loop.epoch_progress.current.processed)
-        return loader
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train")
 
-    def val_dataloader(self) -> StatefulDataLoader:
+    def val_dataloader(self) -> DataLoader:
         return self._loader("val")
 
-    def test_dataloader(self) -> StatefulDataLoader:
+    def test_dataloader(self) -> DataLoader:
         return self._loader("test")
 
-    def predict_dataloader(self) -> StatefulDataLoader:
+    def predict_dataloader(self) -> DataLoader:
         return self._loader("predict")

@@ -1,7 +1,8 @@
-"""Callbacks that report on a run: predictions to CSV, a confusion-matrix image, throughput.
+"""Callbacks that report on a run: predictions to CSV, a confusion-matrix image, throughput. None of them assumes a
+kind of model or a batch structure: each works with what the model and data have, or stays out of the way.
 
-- `PredictionsCSV`: `predict` writes one row per input, with the predicted class and every class probability.
-- `ConfusionMatrixImage`: TensorBoard shows the validation confusion matrix as an image after every validation.
+- `PredictionsCSV`: `predict` writes one row per input: class probabilities (with class names), text, or values.
+- `ConfusionMatrixImage`: for a classifier, TensorBoard shows the validation confusion matrix after every validation.
 - `TimedProgressBar`: Lightning's TQDM bar, redrawn by time, not every n batches.
 - `Throughput`: samples/s, the share of time the loop waits for data, and on a GPU the model FLOPs utilisation.
   (Lightning's ThroughputMonitor counts samples/s and FLOPs but does not separate the wait for data, which is what
@@ -10,10 +11,12 @@
 
 import contextlib
 import csv
+import dataclasses
 import time
 from pathlib import Path
 
 import lightning as L
+import torch
 from lightning.pytorch.callbacks import BasePredictionWriter, Callback, TQDMProgressBar
 from lightning.pytorch.callbacks.progress.tqdm_progress import convert_inf
 from lightning.pytorch.profilers import PassThroughProfiler
@@ -22,10 +25,12 @@ from .flops import peak_flops
 
 
 class PredictionsCSV(BasePredictionWriter):
-    """Writes what `predict` returns (class probabilities per input) to a CSV file, one row per input.
+    """Writes what `predict_step` returns to a CSV file, one row per input.
 
     Columns: `index` in the predict dataset, `file` when the dataset has files (an ImageFolder, a folder of new
-    images), `prediction` (the class name), then `p_<class>` for every class.
+    images), then by what predict_step returns for a batch: class probabilities (a 2-D tensor) give `prediction`, the
+    most likely class (named by the DataModule's `classes`, when it has them), and `p_<class>` for every class; a list
+    of strings gives `prediction`, the text; any other tensor gives `prediction`, its values for the input.
 
     Args:
         path: the CSV file; the CLI sets it to `<default_root_dir>/predictions.csv`.
@@ -37,24 +42,35 @@ class PredictionsCSV(BasePredictionWriter):
 
     def write_on_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, predictions, batch_indices) -> None:
         dataset = trainer.predict_dataloaders.dataset
-        classes = getattr(trainer.datamodule, "classes", None) or [str(i) for i in range(predictions[0].shape[1])]
         files = getattr(dataset, "files", None) or [path for path, _ in getattr(dataset, "samples", [])] or None
+        first = predictions[0] if predictions else None
+        probabilities = isinstance(first, torch.Tensor) and first.ndim == 2 and first.is_floating_point()
+        classes = None
+        if probabilities:
+            classes = getattr(trainer.datamodule, "classes", None) or [str(i) for i in range(first.shape[1])]
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self.path.open("w", newline="") as f:
             writer = csv.writer(f)
-            writer.writerow(["index", *(["file"] * bool(files)), "prediction", *(f"p_{c}" for c in classes)])
-            for probs, indices in zip(predictions, batch_indices[0], strict=True):
-                for index, row in zip(indices, probs.float().tolist(), strict=True):
+            writer.writerow(["index", *(["file"] * bool(files)), "prediction", *(f"p_{c}" for c in classes or [])])
+            for batch, indices in zip(predictions, batch_indices[0], strict=True):
+                rows = batch.float().tolist() if isinstance(batch, torch.Tensor) else list(batch)
+                for index, row in zip(indices, rows, strict=True):
                     file = [files[index]] if files else []
-                    best = classes[max(range(len(row)), key=row.__getitem__)]
-                    writer.writerow([index, *file, best, *(f"{p:.6f}" for p in row)])
+                    if probabilities:
+                        best = classes[max(range(len(row)), key=row.__getitem__)]
+                        writer.writerow([index, *file, best, *(f"{p:.6f}" for p in row)])
+                    else:
+                        writer.writerow([index, *file, row])
         print(f"predictions written to {self.path}")
 
 
 class ConfusionMatrixImage(Callback):
     """Logs the validation confusion matrix to TensorBoard as a grayscale image, rows normalised (recall per class).
 
-    Row i, column j: the share of class-i images predicted as j; a perfect model draws a white diagonal.
+    Row i, column j: the share of class-i inputs predicted as j; a perfect model draws a white diagonal.
+
+    It attaches to classifiers: a model with a `num_classes` hyperparameter whose validation_step returns the
+    logits, (batch, num_classes), of (inputs, targets) batches. With any other model it stays silent.
     """
 
     def __init__(self, pixels_per_cell: int = 16) -> None:
@@ -64,12 +80,26 @@ class ConfusionMatrixImage(Callback):
     def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         from torchmetrics.classification import MulticlassConfusionMatrix
 
-        self.matrix = MulticlassConfusionMatrix(pl_module.hparams.num_classes, normalize="true").to(pl_module.device)
+        num_classes = getattr(pl_module.hparams, "num_classes", None)
+        self.matrix = None
+        if isinstance(num_classes, int) and num_classes > 1:
+            self.matrix = MulticlassConfusionMatrix(num_classes, normalize="true").to(pl_module.device)
 
     def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
-        self.matrix.update(outputs.argmax(dim=-1), batch[1])
+        if self.matrix is None:
+            return
+        targets = batch[1] if isinstance(batch, list | tuple) and len(batch) == 2 else None
+        num_classes = self.matrix.num_classes
+        if not isinstance(outputs, torch.Tensor) or not isinstance(targets, torch.Tensor) or targets.ndim != 1:
+            self.matrix = None  # not a classifier's logits and targets: this model gets no confusion matrix
+        elif outputs.shape != (len(targets), num_classes):
+            self.matrix = None
+        else:
+            self.matrix.update(outputs.argmax(dim=-1), targets)
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.matrix is None or self.matrix.update_count == 0:
+            return
         matrix = self.matrix.compute().nan_to_num(0.0)  # syncs across ranks
         image = matrix.repeat_interleave(self.pixels_per_cell, 0).repeat_interleave(self.pixels_per_cell, 1)
         for logger in trainer.loggers:
@@ -128,7 +158,7 @@ class TimedProgressBar(TQDMProgressBar):
 class Throughput(Callback):
     """Logs `perf/samples_per_sec` and `perf/data_wait_share` on the steps the logger writes, and
     `perf/epoch_seconds` at every epoch end. On a GPU whose peak is known (flops.py) it also logs `perf/mfu`, the
-    model FLOPs utilisation: samples/s x the model's training FLOPs per sample (its `flops_per_sample(image_shape)`,
+    model FLOPs utilisation: samples/s x the model's training FLOPs per sample (its `flops_per_sample()`,
     counted once) / the GPU's dense peak FLOP/s at the run's precision.
 
     They go straight to the loggers, as with Lightning's own LearningRateMonitor and ThroughputMonitor: through
@@ -166,7 +196,7 @@ class Throughput(Callback):
         self._waiting += seconds
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if hasattr(pl_module, "flops_per_sample"):
+        if callable(getattr(pl_module, "flops_per_sample", None)):
             self._peak = peak_flops(pl_module.device, str(trainer.precision))
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -185,9 +215,10 @@ class Throughput(Callback):
         else:
             self._seconds += now - self._last_start
             self._samples += self._batch_size
-        self._last_start, self._batch_size = now, len(batch[0])
+        self._last_start, self._batch_size = now, samples_in(batch)
         if self._peak is not None and self._flops_per_sample is None:
-            self._flops_per_sample = pl_module.flops_per_sample(tuple(batch[0].shape[1:]))
+            self._flops_per_sample = pl_module.flops_per_sample()
+            self._peak = self._peak if self._flops_per_sample else None
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
         if self._seconds > 0 and trainer._logger_connector.should_update_logs:
@@ -197,6 +228,22 @@ class Throughput(Callback):
                 self.latest["perf/mfu"] = self.latest["perf/samples_per_sec"] * self._flops_per_sample / self._peak
             write_to_loggers(trainer, self.latest, step=trainer.global_step - 1)  # the step of this batch
             self._samples, self._seconds, self._waiting = 0, 0.0, 0.0
+
+
+def samples_in(batch) -> int:
+    """The number of samples in a batch of any structure: the first dimension of its first tensor, found in tuples,
+    lists, dicts and dataclasses (Lightning's own extract_batch_size, which also looks into objects' attributes here);
+    1 for a batch without a tensor."""
+    from lightning.pytorch.utilities.data import extract_batch_size
+
+    if dataclasses.is_dataclass(batch) and not isinstance(batch, type):
+        batch = {field.name: getattr(batch, field.name) for field in dataclasses.fields(batch)}
+    elif not isinstance(batch, torch.Tensor | list | tuple | dict) and hasattr(batch, "__dict__"):
+        batch = vars(batch)
+    try:
+        return extract_batch_size(batch)
+    except Exception:  # noqa: BLE001 - Lightning raises a MisconfigurationException, which is no mistake here
+        return 1
 
 
 def write_to_loggers(trainer: L.Trainer, metrics: dict[str, float], step: int) -> None:

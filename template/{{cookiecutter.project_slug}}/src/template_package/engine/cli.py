@@ -6,7 +6,6 @@ needs: `--trainer.default_root_dir DIR` holds `DIR/checkpoints/last.ckpt`, `DIR/
 events, and `fit --ckpt_path last` resumes that run, or starts it when there is nothing to resume yet.
 """
 
-import functools
 import importlib
 import logging
 import os
@@ -15,13 +14,9 @@ import threading
 import warnings
 from argparse import ArgumentError
 from pathlib import Path
-from typing import Literal
 
 import lightning as L
 import torch
-from lightning.fabric.plugins.io import CheckpointIO
-from lightning.fabric.plugins.precision.precision import _PRECISION_INPUT
-from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback, _InstantiatorFn
 
 from .callbacks import PredictionsCSV
@@ -36,13 +31,14 @@ from .checks import (
     lock_run_dir,
 )
 from .cli_help import TOOLS, ProjectArgumentParser, program, project_description
-from .durable import DurableCheckpointIO
-from .errors import MACHINE_FAULTS, UsageError, is_a_users_mistake, one_line, original_error
+from .errors import MACHINE_FAULTS, is_a_users_mistake, one_line, original_error
+from .monitor import BestCheckpoints, follow_the_monitored_metric
 from .resume import LastCheckpoint
-from .resume_checks import check_resume_changes, loading_options
+from .resume_checks import ChangedModelSettings, check_resume_changes, loading_options
 from .run_directory import checkpoint_dir, configure_loggers, predictions_csv, resolve_resume, run_report
 from .run_lock import RunLock, is_global_rank_zero
 from .stop_signals import STOP_SIGNALS
+from .trainer import Trainer
 
 
 def find_default_config() -> Path | None:
@@ -57,108 +53,6 @@ def find_default_config() -> Path | None:
 DEFAULT_CONFIG = find_default_config()
 
 
-def auto_precision() -> str:
-    """bf16-mixed on CUDA GPUs that support it (Ampere and newer), 16-mixed with loss scaling on older ones,
-    32-true on CPU, where mixed precision is slower than float32 for most models."""
-    if not torch.cuda.is_available():
-        return "32-true"
-    return "bf16-mixed" if torch.cuda.is_bf16_supported(including_emulation=False) else "16-mixed"
-
-
-CHECKPOINT_CALLBACKS = (ModelCheckpoint, LastCheckpoint)
-
-
-def _described(method, description: str):
-    """`method` with this project's description, which `--help` shows (LightningCLI reads the subcommands' help and
-    their options' help from the Trainer methods' docstrings)."""
-
-    @functools.wraps(method)
-    def described(self, *args, **kwargs):
-        return method(self, *args, **kwargs)
-
-    described.__doc__ = description
-    return described
-
-
-CHECKPOINT_TO_EVALUATE = """
-    Args:
-        ckpt_path: the checkpoint whose weights to use, e.g. runs/default/checkpoints/last.ckpt.
-        weights_only: load the checkpoint without unpickling arbitrary objects (true by default); false only for a
-            file you trust."""
-
-
-class Trainer(L.Trainer):
-    """Lightning's Trainer with `precision="auto"` (see `auto_precision`), TF32 matmuls on CUDA and checkpoint files
-    written atomically (`durable.DurableCheckpointIO`, unless a CheckpointIO plugin is given).
-
-    Every other argument is Lightning's own; any Lightning precision string ("32-true", "bf16-mixed", "16-mixed",
-    ...) is passed through unchanged. `enable_progress_bar=False` and `enable_checkpointing=False` also drop the
-    progress bar and checkpoint callbacks that the config adds.
-
-    Args:
-        default_root_dir: the run directory: checkpoints/ (last.ckpt and the best by val/acc), config.yaml and the
-            TensorBoard events. `fit` refuses a directory that already holds a run unless it resumes it (--ckpt_path
-            last), and a directory that another fit is training.
-        precision: "auto" (bf16-mixed on GPUs with bf16, 16-mixed on older GPUs, 32-true on CPU), or any Lightning
-            precision string.
-    """
-
-    def __init__(
-        self,
-        *args,
-        default_root_dir: str | None = None,
-        precision: Literal["auto"] | _PRECISION_INPUT = "auto",
-        **kwargs,
-    ) -> None:
-        accumulate = kwargs.get("accumulate_grad_batches", 1)
-        if not isinstance(accumulate, int) or accumulate < 1:
-            raise UsageError(f"trainer.accumulate_grad_batches={accumulate!r} must be a whole number >= 1")
-        # Switching a feature off also drops its callbacks from the config, where Lightning would refuse the mix.
-        for switch, kinds in (("enable_progress_bar", ProgressBar), ("enable_checkpointing", CHECKPOINT_CALLBACKS)):
-            if kwargs.get(switch) is False and kwargs.get("callbacks"):
-                kwargs["callbacks"] = [c for c in kwargs["callbacks"] if not isinstance(c, kinds)]
-        plugins = kwargs.get("plugins") or []
-        plugins = plugins if isinstance(plugins, list) else [plugins]
-        if not any(isinstance(plugin, CheckpointIO) for plugin in plugins):
-            kwargs["plugins"] = [*plugins, DurableCheckpointIO()]
-        if torch.cuda.is_available():
-            # TF32 tensor cores for float32 matmuls and convolutions: ~8x faster on Ampere+, deterministic.
-            torch.backends.cuda.matmul.allow_tf32 = True
-            torch.backends.cudnn.allow_tf32 = True
-        precision = auto_precision() if precision == "auto" else precision
-        super().__init__(*args, default_root_dir=default_root_dir, precision=precision, **kwargs)
-
-    fit = _described(
-        L.Trainer.fit,
-        """Train the model in the run directory --trainer.default_root_dir.
-
-    Args:
-        ckpt_path: last: resume the run from its checkpoints/last.ckpt, exactly, or start it when there is none yet
-            (one command for the first start and every restart); a .ckpt path: continue from that checkpoint's full
-            state (weights, optimizer, schedule, loop and data position).
-        weights_only: load the checkpoint without unpickling arbitrary objects (true by default); false only for a
-            file you trust.""",
-    )
-    validate = _described(
-        L.Trainer.validate,
-        f"""Compute val/loss and val/acc of a checkpoint on the validation set.
-{CHECKPOINT_TO_EVALUATE}
-        verbose: print the results.""",
-    )
-    test = _described(
-        L.Trainer.test,
-        f"""Compute test/loss and test/acc of a checkpoint on the test set.
-{CHECKPOINT_TO_EVALUATE}
-        verbose: print the results.""",
-    )
-    predict = _described(
-        L.Trainer.predict,
-        f"""Write predictions.csv into the run directory: each input's predicted class and class probabilities.
-{CHECKPOINT_TO_EVALUATE}
-        return_predictions: keep the predictions in memory too (they are written to the CSV file either way).""",
-    )
-
-
 class RunConfigCallback(SaveConfigCallback):
     """Saves the resolved config as DIR/config.yaml once training starts: validate/test/predict leave it alone, and
     a fit that fails during set-up (a bad checkpoint, a warmup longer than the run) does not touch the run."""
@@ -167,7 +61,11 @@ class RunConfigCallback(SaveConfigCallback):
         pass
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        super().setup(trainer, pl_module, "fit")
+        if trainer.is_global_zero and not self.already_saved:  # in the run directory, whatever the loggers
+            path = Path(trainer.default_root_dir) / self.config_filename
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self.parser.save(self.config, path, skip_none=False, overwrite=True, multifile=self.multifile)
+        self.already_saved = True
 
 
 class ProjectCLI(LightningCLI):
@@ -178,7 +76,8 @@ class ProjectCLI(LightningCLI):
     (run_lock.py) from the moment its options are parsed until it returns.
     """
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args, run_subcommand: bool = True, **kwargs) -> None:
+        self.run_subcommand = run_subcommand
         self.run_lock: RunLock | None = None
         self.run_dir: Path | None = None  # fit's, once parsed
         self.checkpoint: dict | None = None  # --ckpt_path, memory-mapped, once parsed
@@ -235,7 +134,7 @@ class ProjectCLI(LightningCLI):
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         # Always present, configured under `checkpoint.*` and `last_checkpoint.*` (both in DIR/checkpoints), and
         # `predictions.*` (DIR/predictions.csv).
-        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
+        parser.add_lightning_class_args(BestCheckpoints, "checkpoint")
         parser.add_lightning_class_args(LastCheckpoint, "last_checkpoint")
         parser.add_lightning_class_args(PredictionsCSV, "predictions")
         for key in ("checkpoint.dirpath", "last_checkpoint.dirpath"):
@@ -268,6 +167,15 @@ class ProjectCLI(LightningCLI):
         resumed_step = (self.checkpoint["global_step"] if self.checkpoint else 0) if subcommand == "fit" else None
         check_logger_extras(config.trainer.logger)
         configure_loggers(config, resumed_step)
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        if self.run_subcommand:
+            super()._run_subcommand(subcommand)
+        else:
+            self._check_architecture()
+
+    def before_instantiate_classes(self) -> None:
+        follow_the_monitored_metric(self.config[self.subcommand])
 
     def _parse_ckpt_path(self) -> None:
         """LightningCLI reads the checkpoint's model hyperparameters over the command line, and in subclass mode
@@ -310,7 +218,11 @@ class ProjectCLI(LightningCLI):
         if self.checkpoint is not None:  # the classes are built and the trainer knows its world size: nothing ran yet
             config = self.config_init["fit"]
             allowed = config.allow_change.split(",")
-            check_resume_changes(config, self.checkpoint, config.ckpt_path, allowed, self.model, self.datamodule)
+            changed = check_resume_changes(
+                config, self.checkpoint, config.ckpt_path, allowed, self.model, self.datamodule
+            )
+            if any(option.startswith("model.") for option in changed):
+                self.trainer.callbacks.append(ChangedModelSettings())
             check_world_size(config.ckpt_path, self.checkpoint, self.trainer.world_size)
 
     def after_fit(self) -> None:
@@ -390,8 +302,9 @@ def _machine_faults_are_reported_once(args: threading.ExceptHookArgs) -> None:
         threading.__excepthook__(args)
 
 
-def build_cli(args: list[str] | None) -> ProjectCLI:
-    """The CLI without main's error handling."""
+def build_cli(args: list[str] | None, run_subcommand: bool = True) -> ProjectCLI:
+    """The CLI without main's error handling; with `run_subcommand=False` it parses, checks the checkpoint and builds
+    the classes, and runs nothing (export builds the model this way)."""
     defaults = {"default_config_files": [str(DEFAULT_CONFIG)] if DEFAULT_CONFIG else [], "exit_on_error": False}
     top = {"prog": program(), "description": project_description(__package__), "exit_on_error": False}
     evaluations = ("fit", "validate", "test", "predict")
@@ -405,6 +318,7 @@ def build_cli(args: list[str] | None) -> ProjectCLI:
         parser_kwargs={**top, **dict.fromkeys(evaluations, defaults)},
         args=args,
         auto_configure_optimizers=False,
+        run_subcommand=run_subcommand,
     )
 
 

@@ -1,46 +1,67 @@
-"""Export a trained checkpoint for inference without Lightning.
+"""Export a trained checkpoint's model for inference without Lightning.
 
-    python -m template_package.engine.export --ckpt_path runs/default/checkpoints/last.ckpt --output model.onnx
+    python -m template_package export --ckpt_path runs/default/checkpoints/last.ckpt --output model.onnx [options]
 
-The format follows the file suffix, or `--format`: `.onnx` ONNX (needs the `onnx` extra: pip install -e ".[onnx]"),
-`.pt2` torch.export, `.pt` TorchScript. The batch dimension stays dynamic. After writing, the exported model runs
-on a sample batch and its outputs are compared with the LightningModule's; the command fails if they differ.
+The model is built as `predict` builds it: its class and arguments from the run's own config.yaml (beside the
+checkpoint's checkpoints/ folder; else configs/default.yaml), then from `-c` files and options given here, never from
+a class the checkpoint names; its weights from the checkpoint. The sample input is the model's `example_input_array`
+(Lightning's attribute for a sample input of `forward`). The format follows the file suffix, or `--format`: `.onnx`
+ONNX (needs the `onnx` extra: pip install -e ".[onnx]"), `.pt2` torch.export, `.pt` TorchScript. The batch dimension
+stays dynamic. After writing, the exported model runs on a batch of another size and its outputs are compared with
+the LightningModule's; the command fails if they differ.
 """
 
 import argparse
 import sys
 from pathlib import Path
 
+import lightning as L
 import torch
 
-from ..classifier.model import ImageClassifier
+from .cli_help import program
+from .errors import UsageError
 
 FORMATS = {".onnx": "onnx", ".pt2": "torch.export", ".pt": "torchscript"}
 
 
-def load_for_inference(ckpt_path: str) -> tuple[ImageClassifier, torch.Tensor]:
-    """The model of a checkpoint in eval mode, and a sample batch of the input size it was trained on."""
-    checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True)
-    # Lightning's own entries start with "_"; the weights come from the checkpoint, never download pretrained ones.
-    hparams = {k: v for k, v in checkpoint["hyper_parameters"].items() if not k.startswith("_")}
-    model = ImageClassifier(**{**hparams, "pretrained": False})
-    model.load_state_dict(checkpoint["state_dict"])
-    data = checkpoint.get("datamodule_hyper_parameters", {})
-    size = 8 if data.get("data_dir") is None else data["image_size"]  # digits are 8x8
-    return model.eval(), torch.randn(
-        3, model.hparams.in_channels, size, size, generator=torch.Generator().manual_seed(0)
-    )
+def load_for_inference(ckpt_path: str, options: list[str] = ()) -> tuple[L.LightningModule, torch.Tensor]:
+    """The model of a checkpoint in eval mode, built from its run's config, and its sample input."""
+    from .cli import build_cli
+
+    run_config = Path(ckpt_path).resolve().parent.parent / "config.yaml"
+    config = ["-c", str(run_config)] if run_config.is_file() else []
+    quiet = ["--trainer.logger=false", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
+    cli = build_cli(["predict", *config, *options, f"--ckpt_path={ckpt_path}", *quiet], run_subcommand=False)
+    model = cli.model
+    model.load_state_dict(cli.checkpoint["state_dict"])  # the architecture was checked against it
+    sample = getattr(model, "example_input_array", None)
+    if not isinstance(sample, torch.Tensor):
+        raise UsageError(
+            f"export needs {type(model).__name__}.example_input_array, a sample input of its forward (Lightning's "
+            "attribute, e.g. torch.zeros(2, 3, 224, 224)): set it in the model's __init__"
+        )
+    return model.eval(), sample
+
+
+def another_batch(sample: torch.Tensor) -> torch.Tensor:
+    """A batch of another size than the sample (the batch dimension is dynamic), with other values where they are
+    floating point (for token ids, the sample's own)."""
+    generator = torch.Generator().manual_seed(0)
+    rows = torch.cat([sample, sample[:1]])
+    if rows.is_floating_point():
+        return torch.randn(rows.shape, generator=generator, dtype=rows.dtype)
+    return rows
 
 
 def export(model: torch.nn.Module, sample: torch.Tensor, output: Path, fmt: str) -> None:
     batch = torch.export.Dim("batch", min=1)
     if fmt == "torchscript":
-        torch.jit.save(torch.jit.trace(model, sample), output)
+        torch.jit.save(model.to_torchscript(method="trace", example_inputs=sample), output)  # Lightning's, no Trainer
     elif fmt == "torch.export":
         torch.export.save(torch.export.export(model, (sample,), dynamic_shapes=({0: batch},)), output)
     else:
         torch.onnx.export(
-            model, (sample,), output, input_names=["images"], output_names=["logits"],
+            model, (sample,), output, input_names=["inputs"], output_names=["outputs"],
             dynamic_shapes=({0: batch},), dynamo=True,
         )  # fmt: skip
 
@@ -54,25 +75,29 @@ def run_exported(output: Path, fmt: str, images: torch.Tensor) -> torch.Tensor:
     import onnxruntime
 
     session = onnxruntime.InferenceSession(output, providers=["CPUExecutionProvider"])
-    return torch.from_numpy(session.run(["logits"], {"images": images.numpy()})[0])
+    return torch.from_numpy(session.run(["outputs"], {"inputs": images.numpy()})[0])
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m template_package export", description=__doc__.split("\n")[0])
+    epilog = "Other options (-c FILE, --model.<name> VALUE, ...) build the model as predict does."
+    parser = argparse.ArgumentParser(prog=f"{program()} export", description=__doc__.split("\n")[0], epilog=epilog)
     parser.add_argument("--ckpt_path", required=True, help="a checkpoint written by `fit`")
     parser.add_argument("--output", required=True, type=Path, help="the file to write: .onnx, .pt2 or .pt")
     parser.add_argument("--format", choices=sorted(set(FORMATS.values())), help="default: from the suffix")
-    args = parser.parse_args(argv)
+    args, options = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
     fmt = args.format or FORMATS.get(args.output.suffix)
     if fmt is None:
         parser.error(f"--output {args.output} has no known suffix: use .onnx, .pt2 or .pt, or give --format")
     if not Path(args.ckpt_path).is_file():
         parser.error(f"--ckpt_path {args.ckpt_path} does not exist")
-    model, sample = load_for_inference(args.ckpt_path)
+    try:
+        model, sample = load_for_inference(args.ckpt_path, options)
+    except UsageError as mistake:
+        raise SystemExit(f"error: {mistake}") from None
     args.output.parent.mkdir(parents=True, exist_ok=True)
     with torch.no_grad():
-        export(model.net, sample, args.output, fmt)  # the plain network: the LightningModule's forward is just it
-        check = torch.cat([sample, sample.flip(0), sample[:1]])  # another batch size: the batch dim is dynamic
+        export(model, sample, args.output, fmt)
+        check = another_batch(sample)
         difference = (run_exported(args.output, fmt, check) - model(check)).abs().max().item()
     print(f"exported {args.output} ({fmt}); max |output difference| vs the LightningModule: {difference:.2e}")
     if difference > 1e-4:

@@ -21,7 +21,12 @@ compared then).
 
 from pathlib import Path
 
+import lightning as L
 import yaml
+from lightning.pytorch.callbacks import Callback
+
+from .errors import UsageError
+from .schedulers import WarmupCosineSchedule
 
 # Changing these changes what is computed: refused on a resume unless allowed with --allow_change.
 MATH = [
@@ -56,8 +61,9 @@ def loading_options(data) -> set[str]:
     return {*LOADING_OPTIONS, *getattr(data, "loading_options", ())}
 
 
-def check_resume_changes(config, checkpoint: dict, ckpt_path: str, allowed: list[str], model, data) -> None:
-    """Refuse a math change that was not allowed (SystemExit with one line); print the changes that go ahead.
+def check_resume_changes(config, checkpoint: dict, ckpt_path: str, allowed: list[str], model, data) -> list[str]:
+    """Refuse a math change that was not allowed (SystemExit with one line); print the changes that go ahead, and
+    return them.
 
     The model's and data's settings are read from the built objects, so a value the model took from the data
     (num_classes, vocab_size) or the data found itself (the class names of a folder) is compared as it is used."""
@@ -82,6 +88,47 @@ def check_resume_changes(config, checkpoint: dict, ckpt_path: str, allowed: list
         if {"trainer.max_epochs", "trainer.max_steps"} & changed.keys():
             note += "; the LR schedule keeps its length: added steps train at its final rate"
         print(f"resuming with changed settings: {shown}{note}")
+    return list(changed)
+
+
+class ChangedModelSettings(Callback):
+    """Applies an allowed change of the model's settings (`--allow_change model.lr`) to the restored optimizer and
+    schedule, for any module: Lightning restores them as they were saved, so the new model's optimizer settings would
+    be lost. Each parameter group takes the settings the module's configure_optimizers gave it now (its learning
+    rate, weight decay, betas, ...); the schedule's base rates follow, and a WarmupCosineSchedule takes the new warmup
+    and final ratio too, at its saved length and step. Any other schedule goes on from its restored rate, scaled by
+    new / old base rate. The CLI adds it to a fit that resumes with such a change."""
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # Called after configure_optimizers, before Lightning restores the optimizers and schedules.
+        self.groups = [[_settings(group) for group in opt.param_groups] for opt in trainer.optimizers]
+        self.schedules = [dict(vars(config.scheduler)) for config in trainer.lr_scheduler_configs]
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        for optimizer, groups in zip(trainer.optimizers, self.groups, strict=True):
+            if len(optimizer.param_groups) != len(groups):
+                raise UsageError(
+                    f"--allow_change cannot apply the model's new settings: its optimizer has {len(groups)} parameter "
+                    f"groups and the checkpoint's {len(optimizer.param_groups)}; start a new run instead"
+                )
+            for group, new in zip(optimizer.param_groups, groups, strict=True):
+                old_base = group.get("initial_lr", group["lr"])
+                new_base = new.get("initial_lr", new["lr"])
+                group.update({key: value for key, value in new.items() if key not in ("lr", "initial_lr")})
+                group["lr"] = group["lr"] * new_base / old_base if old_base else new_base
+                if "initial_lr" in group:
+                    group["initial_lr"] = new_base
+        for config, new in zip(trainer.lr_scheduler_configs, self.schedules, strict=True):
+            schedule = config.scheduler
+            schedule.base_lrs = [group.get("initial_lr", group["lr"]) for group in schedule.optimizer.param_groups]
+            if isinstance(schedule, WarmupCosineSchedule):
+                schedule.warmup, schedule.min_lr_ratio = new["warmup"], new["min_lr_ratio"]
+                schedule.set_total_steps(schedule.total_steps)  # this step's rate from the new settings
+            schedule._last_lr = [group["lr"] for group in schedule.optimizer.param_groups]
+
+
+def _settings(group: dict) -> dict:
+    return {key: value for key, value in group.items() if key != "params"}
 
 
 def is_math(option: str) -> bool:

@@ -1,16 +1,23 @@
-"""What each training step reads, and how it is augmented: functions of (seed, epoch, sample index) alone, so that a
-run resumed anywhere, or run with any number of loader workers or processes, reads and augments the same samples.
+"""What each training step reads, and the random draws made for each sample: functions of (seed, epoch, sample index)
+alone, so that a run resumed anywhere, or run with any number of loader workers or processes, reads the same samples
+and draws the same random numbers for them.
 
 - `EpochShuffleSampler`: the order of an epoch, and each process's share of it.
-- `SeededAugmentation`: a random transform drawn for each sample from its own (seed, epoch, index). Random transforms
-  inside loader workers otherwise draw from one generator per worker, seeded once: a run resumed mid-epoch drew other
-  crops and flips for the rest of that epoch, and a run with another `num_workers` other ones throughout.
+- `SeededSamples`: a dataset's samples, each read with torch's, Python's and NumPy's global generators seeded from
+  its own (seed, epoch, index). Random draws inside loader workers otherwise come from one generator per worker,
+  seeded once: a run resumed mid-epoch drew other crops, offsets or noise for the rest of that epoch, and a run with
+  another `num_workers` other ones throughout. `sample_seed()` gives the seed itself, for a generator of your own
+  (`np.random.default_rng(sample_seed())`).
 
-Depends on torch only.
+Depends on torch and numpy only.
 """
 
-from collections.abc import Callable
+import contextlib
+import contextvars
+import random
+from collections.abc import Iterator
 
+import numpy as np
 import torch
 from torch.utils.data import Dataset, DistributedSampler
 
@@ -18,7 +25,7 @@ from torch.utils.data import Dataset, DistributedSampler
 class EpochShuffleSampler(DistributedSampler):
     """Shuffles with a permutation that depends on (seed, epoch) alone, and gives each of `num_replicas` processes its
     own share of it: torch's DistributedSampler with drop_last, whose order is `torch.randperm` seeded with
-    seed + epoch.
+    seed + epoch (`shuffle=False`: the dataset's order).
 
     Lightning calls `set_epoch` at every epoch start, after a resume too, so a run resumed at an epoch boundary
     shuffles like the run that never stopped; mid-epoch, StatefulDataLoader fast-forwards through the same
@@ -28,9 +35,9 @@ class EpochShuffleSampler(DistributedSampler):
     `set_epoch` to itself only, so every epoch replayed the first epoch's order (found by a 2-node run resumed at an
     epoch boundary, tests/test_scale_out.py).
 
-    With `batch_size`, it yields whole batches of indices (the last partial one dropped) for a loader with
-    `batch_size=None`: a TensorDataset then gathers a batch with one index operation per tensor. With
-    `with_epoch`, it yields (epoch, index) pairs, the keys of a `SeededAugmentation`.
+    With `batch_size`, it yields whole batches of indices (the last partial one dropped with `drop_last`) for a
+    loader with `batch_size=None`: a TensorDataset then gathers a batch with one index operation per tensor. With
+    `with_epoch`, it yields (epoch, index) pairs, the keys of `SeededSamples`.
     """
 
     def __init__(
@@ -41,11 +48,13 @@ class EpochShuffleSampler(DistributedSampler):
         num_replicas: int = 1,
         rank: int = 0,
         with_epoch: bool = False,
+        shuffle: bool = True,
+        drop_last: bool = True,
     ) -> None:
-        super().__init__(range(num_samples), num_replicas, rank, shuffle=True, seed=seed, drop_last=True)
-        self.batch_size, self.with_epoch = batch_size, with_epoch
+        super().__init__(range(num_samples), num_replicas, rank, shuffle=shuffle, seed=seed, drop_last=True)
+        self.batch_size, self.with_epoch, self.drop_last_batch = batch_size, with_epoch, drop_last
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator:
         if self.batch_size is None:
             order = super().__iter__()
             return ((self.epoch, index) for index in order) if self.with_epoch else order
@@ -53,31 +62,75 @@ class EpochShuffleSampler(DistributedSampler):
         return (order[i * size : (i + 1) * size] for i in range(len(self)))
 
     def __len__(self) -> int:
-        return self.num_samples if self.batch_size is None else self.num_samples // self.batch_size
+        if self.batch_size is None:
+            return self.num_samples
+        whole, rest = divmod(self.num_samples, self.batch_size)
+        return whole + (rest > 0 and not self.drop_last_batch)
 
 
-def sample_seed(seed: int, epoch: int, index: int) -> int:
+def seed_of(seed: int, epoch: int, index: int) -> int:
     """A seed for one sample in one epoch (distinct for every (epoch, index) of a run of up to a million samples)."""
     return (seed * 1_000_003 + epoch * 1_000_000 + index) % 2**63
 
 
-class SeededAugmentation(Dataset):
-    """`dataset`'s samples (image, target) with `transform` applied to the image, its random draws seeded by
+_SAMPLE_SEED: contextvars.ContextVar[int] = contextvars.ContextVar("sample_seed")
+
+
+def sample_seed() -> int:
+    """The seed of the sample being read, inside a `SeededSamples` dataset (the engine's train loader reads every
+    map-style dataset through one): for a generator of your own, e.g. `np.random.default_rng(sample_seed())`."""
+    try:
+        return _SAMPLE_SEED.get()
+    except LookupError:
+        raise RuntimeError(
+            "sample_seed() is known only while the engine's train loader reads a sample (SeededSamples)"
+        ) from None
+
+
+class SeededSamples(Dataset):
+    """`dataset`'s samples, each read with torch's (CPU), Python's and NumPy's global generators seeded from
     (seed, epoch, index): keys are the (epoch, index) pairs of an `EpochShuffleSampler(with_epoch=True)`.
 
-    The transform draws from torch's global generator (torchvision's random transforms take no generator); it is
-    seeded for the one sample and restored after, so nothing else in the process sees a difference.
+    Torchvision's random transforms, `torch.randint`, `random.random()` and `np.random.rand()` in `__getitem__` then
+    draw the same numbers for a sample whether it is read in the main process or a worker, in a run that never stopped
+    or one resumed anywhere. In the main process the generators are restored after each sample, so the model's own
+    draws (dropout) see no difference; a worker process draws from them for nothing else.
     """
 
-    def __init__(self, dataset: Dataset, transform: Callable, seed: int) -> None:
-        self.dataset, self.transform, self.seed = dataset, transform, seed
+    def __init__(self, dataset: Dataset, seed: int) -> None:
+        self.dataset, self.seed = dataset, seed
 
     def __len__(self) -> int:
         return len(self.dataset)
 
     def __getitem__(self, key: tuple[int, int]):
         epoch, index = key
-        image, target = self.dataset[index]
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(sample_seed(self.seed, epoch, index))
-            return self.transform(image), target
+        seed = seed_of(self.seed, epoch, index)
+        token = _SAMPLE_SEED.set(seed)
+        try:
+            if torch.utils.data.get_worker_info() is not None:
+                seed_generators(seed)
+                return self.dataset[index]
+            with restored_generators():
+                seed_generators(seed)
+                return self.dataset[index]
+        finally:
+            _SAMPLE_SEED.reset(token)
+
+
+def seed_generators(seed: int) -> None:
+    torch.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+
+
+@contextlib.contextmanager
+def restored_generators() -> Iterator[None]:
+    """Torch's CPU, Python's and NumPy's global generators as they were before the block."""
+    states = torch.get_rng_state(), random.getstate(), np.random.get_state()
+    try:
+        yield
+    finally:
+        torch.set_rng_state(states[0])
+        random.setstate(states[1])
+        np.random.set_state(states[2])

@@ -27,13 +27,14 @@ for `fit -c DIR/best.yaml`), `DIR/history.png` and `DIR/importances.png`. Needs 
 """
 
 import contextlib
+import inspect
 import io
 import signal
 import subprocess
 import sys
 import time
 import warnings
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 
 import lightning as L
@@ -41,6 +42,8 @@ import optuna
 import yaml
 from lightning.pytorch.callbacks import Callback
 
+from .cli_help import program
+from .errors import UsageError
 from .run_lock import RunDirectoryBusy, RunLock
 
 PACKAGE = __name__.rsplit(".", 1)[0]
@@ -56,8 +59,8 @@ class SweepSettings:
     n_trials: int = 20  # trials in the whole study, whichever process runs them
     storage: str | None = None  # a database URL; default sqlite:///DIR/study.db
     seed: int = 0  # the sampler's seed: the same command gives the same trials
-    metric: str = "val/acc"  # what a trial is worth: its best value over its validations
-    direction: str = "maximize"
+    metric: str | None = None  # what a trial is worth, its best value over its validations; None: checkpoint.monitor
+    direction: str | None = None  # maximize or minimize; None: from checkpoint.mode
     pruning: bool = True  # stop a trial below the median of the earlier trials at the same epoch
     space: dict = field(default_factory=dict)  # fit option: {type: float|int|categorical, low, high, log, choices}
 
@@ -66,20 +69,22 @@ class SweepSettings:
         return self.storage or f"sqlite:///{Path(self.dir) / 'study.db'}"
 
 
-class SweepError(Exception):
+class SweepError(UsageError):
     """A mistake in what the sweep was given; its message is the one line the user sees."""
 
 
 def main(argv: list[str]) -> None:
     """`python -m <package> sweep ...`."""
+    if {"-h", "--help"} & set(argv):
+        print(usage())
+        return
     try:
         settings, fit_args = parse(argv)
-        if settings.n_trials > 0:
-            check_fit_options(settings, fit_args)
+        follow_the_checkpoint(settings, fit_config(settings, fit_args))
         study = open_study(settings)
+        Sweep(settings, fit_args, study).run()
     except SweepError as error:
         raise SystemExit(f"error: {error}") from None
-    Sweep(settings, fit_args, study).run()
     print(results(study, settings))
 
 
@@ -132,7 +137,7 @@ def read_config(path: str) -> dict:
 def check_settings(settings: SweepSettings) -> None:
     if not isinstance(settings.n_trials, int) or settings.n_trials < 0:
         raise SweepError(f"sweep.n_trials={settings.n_trials!r} must be a whole number >= 0 (0 shows the results)")
-    if settings.direction not in ("maximize", "minimize"):
+    if settings.direction not in ("maximize", "minimize", None):
         raise SweepError(f"sweep.direction={settings.direction!r}: use maximize or minimize")
     if not isinstance(settings.space, dict):
         raise SweepError("sweep.space must map fit options to distributions, see configs/sweep.yaml")
@@ -157,19 +162,47 @@ def check_distribution(option: str, spec) -> None:
         raise SweepError(f"{where}: a log scale needs low > 0, not {low}")
 
 
-def check_fit_options(settings: SweepSettings, fit_args: list[str]) -> None:
-    """Parse a trial's fit command once, before any trial exists: an unknown option in the search space or a bad fit
+def usage() -> str:
+    """`sweep --help`: the sweep's own options, then how the rest of the command line reaches the trials."""
+    lines = [f"usage: {program()} sweep [-c FILE] [--sweep.<option> VALUE] [fit options]", "", __doc__.split("\n\n")[0]]
+    lines += ["", "sweep options (a `sweep:` section of a -c file, or --sweep.<option> VALUE; later ones win):"]
+    comments = {}
+    for line in inspect.getsource(SweepSettings).splitlines():
+        name, _, comment = line.strip().partition(" #")
+        if ":" in name and comment:
+            comments[name.split(":")[0]] = comment.strip()
+    for setting in fields(SweepSettings):
+        default = setting.default if setting.default is not MISSING else setting.default_factory()
+        lines.append(f"  --sweep.{setting.name:<10} {comments.get(setting.name, '')} (default: {default})")
+    lines += ["", "Every other option goes to every trial's fit (see fit --help); the search space names fit options."]
+    return "\n".join(lines)
+
+
+def fit_config(settings: SweepSettings, fit_args: list[str]) -> dict:
+    """A trial's fit config, parsed once before any trial exists: an unknown option in the search space or a bad fit
     option costs one line now, not a failed trial in the study."""
     from .cli import main as cli
 
     sample = [f"--{option}={first_value(spec)}" for option, spec in settings.space.items()]
-    with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed), warnings.catch_warnings():
         warnings.filterwarnings("ignore", "LightningCLI's args parameter")  # the sweep's own argv is no fit's
         try:
             cli(["fit", *fit_args, *sample, "--print_config"])
         except SystemExit as stop:
             if stop.code not in (0, None):
                 raise SweepError(f"in a trial's fit options: {str(stop.code).removeprefix('error: ')}") from None
+    return yaml.safe_load(printed.getvalue())
+
+
+def follow_the_checkpoint(settings: SweepSettings, config: dict) -> None:
+    """A metric or direction left at None: the fit config's checkpoint.monitor and checkpoint.mode."""
+    checkpoint = config.get("checkpoint") or {}
+    settings.metric = settings.metric or checkpoint.get("monitor")
+    if settings.direction is None:
+        settings.direction = {"min": "minimize", "max": "maximize"}.get(checkpoint.get("mode"), "maximize")
+    if not settings.metric:
+        raise SweepError("the sweep needs a metric: set checkpoint.monitor (configs/default.yaml) or sweep.metric")
 
 
 def first_value(spec: dict):
@@ -305,6 +338,9 @@ class Sweep:
         shown = " ".join(f"{option}={format_value(value)}" for option, value in params.items())
         if code != 0 or "value" not in attrs:
             self.study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
+            mistake = last_line(run_dir / "fit.log")
+            if mistake.startswith("error: "):  # a mistake in what every trial gets: stop, not run the next trial
+                raise SweepError(f"trial {trial.number}: {mistake.removeprefix('error: ')}")
             print(f"trial {trial.number} ({shown}) failed: see {run_dir / 'fit.log'}")
         elif attrs["pruned"]:
             self.study.tell(trial.number, state=optuna.trial.TrialState.PRUNED)
@@ -313,6 +349,11 @@ class Sweep:
             self.study.tell(trial.number, attrs["value"])
             seconds = time.monotonic() - started
             print(f"trial {trial.number} ({shown}): {self.settings.metric} {attrs['value']:.4f} in {seconds:.0f} s")
+
+
+def last_line(path: Path) -> str:
+    lines = [line.strip() for line in path.read_text(errors="replace").splitlines() if line.strip()]
+    return lines[-1] if lines else ""
 
 
 def suggest(trial: optuna.Trial, option: str, spec: dict):
@@ -373,6 +414,12 @@ class ReportToTrial(Callback):
         self._stop_if_pruned(trainer)  # a trial resumed after its pruning decision
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        logged = [name for name in trainer.callback_metrics if name not in ("epoch", "step")]
+        if self.metric not in trainer.callback_metrics and logged:
+            raise UsageError(
+                f"sweep.metric={self.metric!r} is not logged by {type(pl_module).__name__}, which logs "
+                f"{', '.join(sorted(logged))} in validation: set --sweep.metric (or checkpoint.monitor) to one of them"
+            )
         if trainer.sanity_checking or self.metric not in trainer.callback_metrics:
             return
         if self._trial is not None:

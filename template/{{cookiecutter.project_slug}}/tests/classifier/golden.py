@@ -1,15 +1,15 @@
 """The golden loss curve: the per-step train/loss of a short default run (CPU, fp32, deterministic, one thread), and a
-checkpoint of that run at step 19, kept as test fixtures. tests/test_golden.py reproduces both.
+checkpoint of that run at step 19, kept as test fixtures. test_golden.py reproduces both.
 
 Any change to the template that alters the numerics of training (the model, the data order, the optimizer, the
 schedule, clipping, precision, a dependency's kernels) then fails loudly; if the change is meant, write the files
 again with:
 
-    python tests/golden.py
+    python tests/classifier/golden.py
 
-and commit tests/fixtures/. On the machine that wrote them (same CPU model, torch version and thread count, recorded
-in the JSON) the losses must be equal bit for bit; elsewhere within RELATIVE_TOLERANCE, since another CPU's kernels
-may sum in another order.
+and commit tests/classifier/fixtures/. On the machine that wrote them (same CPU model, torch version and thread
+count, recorded in the JSON) the losses must be equal bit for bit; elsewhere within RELATIVE_TOLERANCE, since another
+CPU's kernels may sum in another order.
 """
 
 import json
@@ -49,10 +49,12 @@ def machine() -> dict[str, str]:
 
 def run(run_dir: Path, *args: str) -> list[tuple[int, float]]:
     """A fit in this process; its logged train/loss series."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    here = Path(__file__).resolve().parent
+    sys.path[:0] = [str(here), str(here.parent)]
+    from classifier_task import CLASSIFIER
     from conftest import cli, scalars
 
-    cli("fit", f"--trainer.default_root_dir={run_dir}", *ARGS, *args)
+    cli("fit", f"--trainer.default_root_dir={run_dir}", *ARGS, *args, task=CLASSIFIER)
     return scalars(run_dir)["train/loss"]
 
 

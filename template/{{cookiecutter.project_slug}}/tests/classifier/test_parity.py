@@ -7,16 +7,23 @@ import sys
 import lightning as L
 import pytest
 import torch
+from classifier_task import CLASSIFIER
 from conftest import PROJECT_ROOT, cli, scalars
 
 from template_package.classifier.data import ImageDataModule
 from template_package.classifier.model import ImageClassifier
+from template_package.engine.loaders import resumable_loader
 
 sys.path.insert(0, str(PROJECT_ROOT / "benchmarks"))
 import reference_loop  # noqa: E402
 
 # Digits give 19 training batches of 64: with accumulation 4 every epoch ends in a partial window of 3 batches.
 RECIPE = {"epochs": 3, "accumulate": 4, "lr": 3e-3, "weight_decay": 0.05, "warmup": 0.3, "clip_norm": 0.5}
+
+
+def engine_train_loader(data: ImageDataModule):
+    """The example's train loader as the engine's Trainer rebuilds it (engine/loaders.py): the batches it trains."""
+    return resumable_loader(data.train_dataloader(), torch.initial_seed(), epoch=0)
 
 
 def reference_run(precision: str, ema: dict | None = None) -> tuple[list[float], dict[str, torch.Tensor]]:
@@ -26,7 +33,7 @@ def reference_run(precision: str, ema: dict | None = None) -> tuple[list[float],
     )  # the same initial weights the CLI's model gets with seed 42
     data = ImageDataModule()
     data.setup("fit")
-    losses = reference_loop.train(net, data.train_dataloader(), precision=precision, ema=ema, **RECIPE)
+    losses = reference_loop.train(net, engine_train_loader(data), precision=precision, ema=ema, **RECIPE)
     return losses, net.state_dict()
 
 
@@ -37,8 +44,7 @@ def trainer_run(tmp_path, precision: str, *args: str) -> tuple[list[float], dict
         f"--trainer.gradient_clip_val={RECIPE['clip_norm']}", f"--model.lr={RECIPE['lr']}",
         f"--model.weight_decay={RECIPE['weight_decay']}", f"--model.warmup={RECIPE['warmup']}",
         "--trainer.limit_val_batches=0", "--trainer.num_sanity_val_steps=0", "--trainer.log_every_n_steps=1",
-        "--trainer.enable_progress_bar=false", *args,
-    )  # fmt: skip
+        "--trainer.enable_progress_bar=false", *args, task=CLASSIFIER)  # fmt: skip
     losses = [value for _, value in scalars(tmp_path)["train/loss"]]
     return losses, torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
 
@@ -77,7 +83,7 @@ def test_reference_loop_really_clips_and_warms_up():
     model = ImageClassifier(num_classes=10, in_channels=1)
     data = ImageDataModule()
     data.setup("fit")
-    images, targets = next(iter(data.train_dataloader()))
+    images, targets = next(iter(engine_train_loader(data)))
     torch.nn.functional.cross_entropy(model(images), targets).backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), float("inf"))
     assert grad_norm > RECIPE["clip_norm"]
@@ -91,7 +97,7 @@ def test_logged_gradient_norms_and_clip_share_equal_the_hand_computed_ones(tmp_p
     data = ImageDataModule()
     data.setup("fit")
     norms = []
-    reference_loop.train(net, data.train_dataloader(), precision="32-true", grad_norms=norms, **RECIPE)
+    reference_loop.train(net, engine_train_loader(data), precision="32-true", grad_norms=norms, **RECIPE)
     trainer_run(tmp_path, "32-true", "--trainer.log_every_n_steps=3")
     logged = scalars(tmp_path)
     assert [step for step, _ in logged["train/grad_norm"]] == [2, 5, 8, 11, 14]
@@ -109,7 +115,7 @@ def test_the_gradient_norm_command_prints_their_distribution(capsys):
 
     from template_package.engine.grad_norms import main
 
-    norms = main(["--steps", "12", "--trainer.max_epochs=1"])
+    norms = main(["--steps", "12", "--trainer.max_epochs=1", *CLASSIFIER])
     out = capsys.readouterr().out
     assert len(norms) == 12 and all(n > 0 for n in norms)
     p90 = statistics.quantiles(norms, n=10, method="inclusive")[-1]

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from classifier_task import CLASSIFIER
 from conftest import cli
 from PIL import Image
 from test_resume import assert_kill_and_resume_exact
@@ -42,7 +43,13 @@ def test_the_same_augmentations_whatever_the_number_of_workers(tree, tmp_path):
     weights = {}
     for workers in (0, 1, 2, 4):
         run_dir = tmp_path / f"workers{workers}"
-        cli("fit", f"--trainer.default_root_dir={run_dir}", *image_args(tree), f"--data.num_workers={workers}")
+        cli(
+            "fit",
+            f"--trainer.default_root_dir={run_dir}",
+            *image_args(tree),
+            f"--data.num_workers={workers}",
+            task=CLASSIFIER,
+        )
         weights[workers] = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
     for workers in (1, 2, 4):
         assert all(torch.equal(weights[0][k], weights[workers][k]) for k in weights[0]), workers
@@ -65,7 +72,7 @@ def test_predict_on_a_folder_of_new_images_needs_only_the_checkpoint(tree, tmp_p
 
     run_dir = tmp_path / "run"
     data = shutil.copytree(tree, tmp_path / "data")
-    cli("fit", f"--trainer.default_root_dir={run_dir}", *image_args(data), "--trainer.max_epochs=1")
+    cli("fit", f"--trainer.default_root_dir={run_dir}", *image_args(data), "--trainer.max_epochs=1", task=CLASSIFIER)
     shutil.rmtree(data)
     new = tmp_path / "new"
     for i, source in enumerate(sorted((tree / "val").rglob("*.png"))[::8]):
@@ -73,7 +80,13 @@ def test_predict_on_a_folder_of_new_images_needs_only_the_checkpoint(tree, tmp_p
         shutil.copy(source, new / f"batch{i % 2}" / f"{i}.png")
     checkpoint = run_dir / "checkpoints" / "last.ckpt"
     monkeypatch.chdir(tmp_path)  # nothing relative to the project either
-    cli("predict", f"--trainer.default_root_dir={run_dir}", f"--ckpt_path={checkpoint}", f"--data.predict_dir={new}")
+    cli(
+        "predict",
+        f"--trainer.default_root_dir={run_dir}",
+        f"--ckpt_path={checkpoint}",
+        f"--data.predict_dir={new}",
+        task=CLASSIFIER,
+    )
     rows = list(csv.DictReader((run_dir / "predictions.csv").open()))
     files = sorted(str(p) for p in new.rglob("*.png"))
     assert [row["file"] for row in rows] == files and len(files) == 6
@@ -88,14 +101,14 @@ def test_predict_on_a_folder_of_new_images_needs_only_the_checkpoint(tree, tmp_p
 
 def test_an_undecodable_new_image_is_named_and_nothing_is_written(tree, tmp_path):
     run_dir = tmp_path / "run"
-    cli("fit", f"--trainer.default_root_dir={run_dir}", *image_args(tree), "--trainer.max_epochs=1")
+    cli("fit", f"--trainer.default_root_dir={run_dir}", *image_args(tree), "--trainer.max_epochs=1", task=CLASSIFIER)
     new = tmp_path / "new"
     new.mkdir()
     shutil.copy(next((tree / "val" / "cat").glob("*.png")), new / "good.png")
     (new / "broken.jpg").write_bytes(b"not a jpeg")
     with pytest.raises(SystemExit) as stop:
         cli("predict", f"--trainer.default_root_dir={run_dir}", f"--ckpt_path={run_dir / 'checkpoints' / 'last.ckpt'}",
-            f"--data.predict_dir={new}", "--data.num_workers=0")  # fmt: skip
+            f"--data.predict_dir={new}", "--data.num_workers=0", task=CLASSIFIER)  # fmt: skip
     assert stop.value.code == f"error: cannot decode the image {new / 'broken.jpg'} (UnidentifiedImageError): fix or " \
         "delete it"  # fmt: skip
     assert not (run_dir / "predictions.csv").exists()

@@ -1,0 +1,70 @@
+"""The metric a run optimises, named in one place: `checkpoint.monitor` and `checkpoint.mode` (configs/default.yaml).
+
+- `BestCheckpoints`: Lightning's ModelCheckpoint, whose file names follow the monitored metric
+  (`epoch=3-val_loss=1.2345.ckpt`) and which stops a run at the end of its sanity check, before any training, when the
+  model does not log that metric (Lightning's own stops only after the first epoch, with no checkpoint written).
+- `EarlyStopping`: Lightning's, which under the CLI follows checkpoint.monitor and checkpoint.mode unless given its own.
+The sweep's metric and direction follow them too (sweep.py).
+Depends on lightning and the sibling module errors.py.
+"""
+
+import lightning as L
+from lightning.pytorch.callbacks import EarlyStopping as LightningEarlyStopping
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from .errors import UsageError
+
+
+def metric_filename(monitor: str) -> str:
+    """`epoch={epoch}-val_loss={val/loss:.4f}` for val/loss: the epoch and the monitored value in every file name."""
+    return f"epoch={{epoch}}-{monitor.replace('/', '_')}={{{monitor}:.4f}}"
+
+
+class BestCheckpoints(ModelCheckpoint):
+    """Lightning's ModelCheckpoint; `filename` left out names each file by its epoch and monitored value.
+
+    Args:
+        filename: a ModelCheckpoint file name pattern; None: `metric_filename(monitor)`.
+        **kwargs: ModelCheckpoint's own (monitor, mode, save_top_k, ...).
+    """
+
+    def __init__(self, filename: str | None = None, **kwargs) -> None:
+        monitor = kwargs.get("monitor")
+        if filename is None and monitor:
+            filename, kwargs["auto_insert_metric_name"] = metric_filename(monitor), False
+        super().__init__(filename=filename, **kwargs)
+
+    def on_sanity_check_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        logged = [name for name in trainer.callback_metrics if name not in ("epoch", "step")]
+        if self.monitor and logged and self.monitor not in trainer.callback_metrics:
+            raise UsageError(
+                f"checkpoint.monitor={self.monitor!r} is not logged by {type(pl_module).__name__}, which logs "
+                f"{', '.join(sorted(logged))} in validation: set --checkpoint.monitor to one of them (and "
+                "--checkpoint.mode min or max), in configs/default.yaml for good"
+            )
+
+
+class EarlyStopping(LightningEarlyStopping):
+    """Lightning's EarlyStopping. Under the CLI, `monitor` and `mode` left out are checkpoint.monitor and
+    checkpoint.mode (the CLI fills them in before it builds the callback).
+
+    Args:
+        monitor: the metric to watch; None: checkpoint.monitor.
+        mode: "min" or "max"; None: checkpoint.mode.
+        **kwargs: EarlyStopping's own (patience, min_delta, ...).
+    """
+
+    def __init__(self, monitor: str | None = None, mode: str | None = None, **kwargs) -> None:
+        if monitor is None or mode is None:
+            raise UsageError("EarlyStopping needs monitor and mode (the CLI takes them from checkpoint.monitor/mode)")
+        super().__init__(monitor=monitor, mode=mode, **kwargs)
+
+
+def follow_the_monitored_metric(config) -> None:
+    """Give every engine EarlyStopping of a parsed config the checkpoint's monitor and mode where it has none."""
+    for callback in config.trainer.callbacks or []:
+        class_path = getattr(callback, "class_path", "")
+        if class_path.rsplit(".", 1)[-1] == "EarlyStopping" and class_path.startswith(__package__):
+            arguments = callback.init_args
+            arguments.monitor = arguments.monitor or config.checkpoint.monitor
+            arguments.mode = arguments.mode or config.checkpoint.mode

@@ -1,0 +1,141 @@
+"""The engine's Trainer: Lightning's, with the defaults and guarantees of this project for any model and data.
+
+- `precision="auto"` (see `auto_precision`), TF32 matmuls on CUDA;
+- checkpoint files written atomically (durable.DurableCheckpointIO, unless a CheckpointIO plugin is given);
+- the engine's own callbacks, whatever the config lists: every rank's RNG states in each checkpoint
+  (resume.ResumableRNGState), a train loader that resumes exactly (loaders.ResumableTrainLoader), and the length of
+  every WarmupCosineSchedule (recipe.set_schedule_lengths), so that no module trains at LR 0.
+"""
+
+import functools
+from typing import Literal
+
+import lightning as L
+import torch
+from lightning.fabric.plugins.io import CheckpointIO
+from lightning.fabric.plugins.precision.precision import _PRECISION_INPUT
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint, ProgressBar
+
+from .durable import DurableCheckpointIO
+from .errors import UsageError
+from .loaders import ResumableTrainLoader
+from .recipe import set_schedule_lengths
+from .resume import LastCheckpoint, ResumableRNGState
+
+
+class ScheduleLength(Callback):
+    """Gives every WarmupCosineSchedule the run's length when training starts (recipe.set_schedule_lengths)."""
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        set_schedule_lengths(trainer)
+
+
+# The engine's own callbacks: added to every run that does not list one of the same class.
+ENGINE_CALLBACKS = (ResumableRNGState, ResumableTrainLoader, ScheduleLength)
+
+
+def auto_precision() -> str:
+    """bf16-mixed on CUDA GPUs that support it (Ampere and newer), 16-mixed with loss scaling on older ones,
+    32-true on CPU, where mixed precision is slower than float32 for most models."""
+    if not torch.cuda.is_available():
+        return "32-true"
+    return "bf16-mixed" if torch.cuda.is_bf16_supported(including_emulation=False) else "16-mixed"
+
+
+CHECKPOINT_CALLBACKS = (ModelCheckpoint, LastCheckpoint)
+
+
+def _described(method, description: str):
+    """`method` with this project's description, which `--help` shows (LightningCLI reads the subcommands' help and
+    their options' help from the Trainer methods' docstrings)."""
+
+    @functools.wraps(method)
+    def described(self, *args, **kwargs):
+        return method(self, *args, **kwargs)
+
+    described.__doc__ = description
+    return described
+
+
+CHECKPOINT_TO_EVALUATE = """
+    Args:
+        ckpt_path: the checkpoint whose weights to use, e.g. runs/default/checkpoints/last.ckpt.
+        weights_only: load the checkpoint without unpickling arbitrary objects (true by default); false only for a
+            file you trust."""
+
+
+class Trainer(L.Trainer):
+    """Lightning's Trainer with `precision="auto"` (see `auto_precision`), TF32 matmuls on CUDA, checkpoint files
+    written atomically (`durable.DurableCheckpointIO`, unless a CheckpointIO plugin is given) and the engine's own
+    callbacks (ENGINE_CALLBACKS).
+
+    Every other argument is Lightning's own; any Lightning precision string ("32-true", "bf16-mixed", "16-mixed",
+    ...) is passed through unchanged. `enable_progress_bar=False` and `enable_checkpointing=False` also drop the
+    progress bar and checkpoint callbacks that the config adds.
+
+    Args:
+        default_root_dir: the run directory: checkpoints/ (last.ckpt and the best by checkpoint.monitor),
+            config.yaml and the TensorBoard events. `fit` refuses a directory that already holds a run unless it
+            resumes it (--ckpt_path last), and a directory that another fit is training.
+        precision: "auto" (bf16-mixed on GPUs with bf16, 16-mixed on older GPUs, 32-true on CPU), or any Lightning
+            precision string.
+    """
+
+    def __init__(
+        self,
+        *args,
+        default_root_dir: str = "runs/default",
+        precision: Literal["auto"] | _PRECISION_INPUT = "auto",
+        **kwargs,
+    ) -> None:
+        accumulate = kwargs.get("accumulate_grad_batches", 1)
+        if not isinstance(accumulate, int) or accumulate < 1:
+            raise UsageError(f"trainer.accumulate_grad_batches={accumulate!r} must be a whole number >= 1")
+        # Switching a feature off also drops its callbacks from the config, where Lightning would refuse the mix.
+        for switch, kinds in (("enable_progress_bar", ProgressBar), ("enable_checkpointing", CHECKPOINT_CALLBACKS)):
+            if kwargs.get(switch) is False and kwargs.get("callbacks"):
+                kwargs["callbacks"] = [c for c in kwargs["callbacks"] if not isinstance(c, kinds)]
+        callbacks = list(kwargs.get("callbacks") or [])
+        kwargs["callbacks"] = callbacks + [
+            kind() for kind in ENGINE_CALLBACKS if not any(isinstance(c, kind) for c in callbacks)
+        ]
+        plugins = kwargs.get("plugins") or []
+        plugins = plugins if isinstance(plugins, list) else [plugins]
+        if not any(isinstance(plugin, CheckpointIO) for plugin in plugins):
+            kwargs["plugins"] = [*plugins, DurableCheckpointIO()]
+        if torch.cuda.is_available():
+            # TF32 tensor cores for float32 matmuls and convolutions: ~8x faster on Ampere+, deterministic.
+            torch.backends.cuda.matmul.allow_tf32 = True
+            torch.backends.cudnn.allow_tf32 = True
+        precision = auto_precision() if precision == "auto" else precision
+        super().__init__(*args, default_root_dir=default_root_dir, precision=precision, **kwargs)
+
+    fit = _described(
+        L.Trainer.fit,
+        """Train the model in the run directory --trainer.default_root_dir.
+
+    Args:
+        ckpt_path: last: resume the run from its checkpoints/last.ckpt, exactly, or start it when there is none yet
+            (one command for the first start and every restart); a .ckpt path: continue from that checkpoint's full
+            state (weights, optimizer, schedule, loop and data position).
+        weights_only: load the checkpoint without unpickling arbitrary objects (true by default); false only for a
+            file you trust.""",
+    )
+    validate = _described(
+        L.Trainer.validate,
+        f"""Compute the validation metrics of a checkpoint (the model's validation_step) on the validation set.
+{CHECKPOINT_TO_EVALUATE}
+        verbose: print the results.""",
+    )
+    test = _described(
+        L.Trainer.test,
+        f"""Compute the test metrics of a checkpoint (the model's test_step) on the test set.
+{CHECKPOINT_TO_EVALUATE}
+        verbose: print the results.""",
+    )
+    predict = _described(
+        L.Trainer.predict,
+        f"""Write predictions.csv into the run directory: what the model's predict_step returns for each input.
+{CHECKPOINT_TO_EVALUATE}
+        return_predictions: keep the predictions in memory too (they are written to the CSV file either way).""",
+    )

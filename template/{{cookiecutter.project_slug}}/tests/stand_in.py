@@ -1,0 +1,196 @@
+"""The task the engine's own tests train: a stand-in for the user's model and data, so that those tests hold whatever
+configs/default.yaml names (the example, or a model of the user's) and whether the example is still there.
+
+Shaped like the digits example on purpose (1x8x8 images of 10 classes, 1,257 / 270 / 270 samples, batches of 64: 19
+training batches an epoch), so that the tests' step counts read the same; but synthetic, generated in milliseconds,
+and written only against the engine: a TrainingRecipe subclass with BatchNorm (buffers) and dropout (random draws),
+and a DataModule with plain DataLoaders, optionally with random noise drawn per sample in `__getitem__`.
+"""
+
+import torch
+import torch.nn.functional as F
+from lightning import LightningDataModule
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, TensorDataset, WeightedRandomSampler
+from torchdata.stateful_dataloader import StatefulDataLoader
+from torchmetrics.classification import MulticlassAccuracy
+
+from template_package.engine.recipe import TrainingRecipe
+
+SPLITS = {"train": 1257, "val": 270, "test": 270}
+
+
+class StandInClassifier(TrainingRecipe):
+    """Two conv-BN-ReLU blocks, dropout and a linear head on the flattened features."""
+
+    def __init__(
+        self, num_classes: int | None = None, in_channels: int | None = None, dropout: float = 0.0, **recipe
+    ) -> None:
+        super().__init__(**recipe)
+        self.save_hyperparameters()
+        self.net = nn.Sequential(
+            nn.Conv2d(in_channels, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU(),
+            nn.Conv2d(16, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU(),
+            nn.Flatten(), nn.Dropout(dropout), nn.Linear(8 * 8 * 8, num_classes),
+        )  # fmt: skip
+        self.val_acc = MulticlassAccuracy(num_classes, average="micro")
+        self.test_acc = MulticlassAccuracy(num_classes, average="micro")
+        self.example_input_array = torch.zeros(2, in_channels, 8, 8)
+
+    def forward(self, images: Tensor) -> Tensor:
+        return self.net(images)
+
+    def training_step(self, batch, batch_idx: int) -> Tensor:
+        images, targets = batch
+        return F.cross_entropy(self(images), targets)
+
+    def validation_step(self, batch, batch_idx: int) -> Tensor:
+        images, targets = batch
+        logits = self(images)
+        self.val_acc.update(logits, targets)
+        self.log("val/loss", F.cross_entropy(logits, targets), sync_dist=True)
+        self.log("val/acc", self.val_acc)
+        return logits
+
+    def test_step(self, batch, batch_idx: int) -> None:
+        images, targets = batch
+        logits = self(images)
+        self.test_acc.update(logits, targets)
+        self.log("test/loss", F.cross_entropy(logits, targets), sync_dist=True)
+        self.log("test/acc", self.test_acc)
+
+    def predict_step(self, batch, batch_idx: int) -> Tensor:
+        return self(batch[0]).softmax(-1)
+
+
+def synthetic_images(seed: int = 0) -> dict[str, TensorDataset]:
+    """10 noisy prototypes of 8x8 images, split as digits is."""
+    generator = torch.Generator().manual_seed(seed)
+    total = sum(SPLITS.values())
+    prototypes = torch.rand(10, 1, 8, 8, generator=generator)
+    targets = torch.randperm(total, generator=generator) % 10
+    images = prototypes[targets] + 0.5 * torch.randn(total, 1, 8, 8, generator=generator)
+    parts, start = {}, 0
+    for split, size in SPLITS.items():
+        parts[split] = TensorDataset(images[start : start + size], targets[start : start + size])
+        start += size
+    return parts
+
+
+class Noisy(Dataset):
+    """A TensorDataset's (image, target) pairs with noise added to each image, drawn from torch's generator."""
+
+    def __init__(self, dataset: TensorDataset) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int):
+        image, target = self.dataset[index]
+        return image + 0.1 * torch.randn(image.shape), target
+
+
+class StandInData(LightningDataModule):
+    """The synthetic splits in plain DataLoaders.
+
+    Args:
+        batch_size: samples per batch.
+        num_workers: loader processes.
+        augment: add random noise to each training image, drawn in `__getitem__`.
+        stateful: torchdata's StatefulDataLoader instead of torch's DataLoader.
+    """
+
+    loading_options = ("num_workers",)
+
+    def __init__(
+        self, batch_size: int = 64, num_workers: int = 0, augment: bool = False, stateful: bool = False
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.num_classes, self.in_channels, self.classes = 10, 1, [str(i) for i in range(10)]
+        self.splits: dict[str, Dataset] = {}
+
+    def setup(self, stage: str) -> None:
+        if not self.splits:
+            self.splits = synthetic_images()
+            if self.hparams.augment:
+                self.splits["train"] = Noisy(self.splits["train"])
+
+    def _loader(self, split: str, train: bool = False) -> DataLoader:
+        workers = self.hparams.num_workers
+        loader_class = StatefulDataLoader if self.hparams.stateful else DataLoader
+        return loader_class(self.splits[split], batch_size=self.hparams.batch_size, shuffle=train, drop_last=train,
+                            num_workers=workers, persistent_workers=workers > 0)  # fmt: skip
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train", train=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader("val")
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader("test")
+
+    def predict_dataloader(self) -> DataLoader:
+        return self._loader("test")
+
+
+class FailingClassifier(StandInClassifier):
+    """The stand-in with a user's error: `error` ("ValueError" or "UsageError") raised with a message of its own at
+    `when` ("init" or "training_step")."""
+
+    def __init__(self, error: str = "ValueError", when: str = "training_step", **kwargs) -> None:
+        self.error, self.when = error, when
+        self._raise_if("init")
+        super().__init__(**kwargs)
+
+    def _raise_if(self, when: str) -> None:
+        from template_package.engine.errors import UsageError
+
+        if when == self.when:
+            raise {"ValueError": ValueError, "UsageError": UsageError}[self.error](f"{self.error} raised at {when}")
+
+    def training_step(self, batch, batch_idx: int) -> Tensor:
+        self._raise_if("training_step")
+        return super().training_step(batch, batch_idx)
+
+
+class UnresumableStandInData(StandInData):
+    """The stand-in's data in a train loader the engine cannot make exact: `kind` "iterable" (an iterable dataset
+    without state), "sampler" (a custom sampler) or "batch_sampler" (a custom batch sampler)."""
+
+    def __init__(self, kind: str = "iterable", **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.kind = kind
+
+    def train_dataloader(self) -> DataLoader:
+        train, size = self.splits["train"], self.hparams.batch_size
+        if self.kind == "iterable":
+            return DataLoader(Stream(train), batch_size=size)
+        weights = torch.ones(len(train))
+        if self.kind == "sampler":
+            return DataLoader(train, batch_size=size, sampler=WeightedRandomSampler(weights, len(train)))
+        return DataLoader(train, batch_sampler=Batches(len(train), size))
+
+
+class Stream(IterableDataset):
+    def __init__(self, dataset: Dataset) -> None:
+        self.dataset = dataset
+
+    def __iter__(self):
+        return (self.dataset[i] for i in torch.randperm(len(self.dataset)).tolist())
+
+
+class Batches(Sampler):
+    """Shuffled batches of indices: a batch sampler of the user's own."""
+
+    def __init__(self, size: int, batch_size: int) -> None:
+        self.size, self.batch_size = size, batch_size
+
+    def __len__(self) -> int:
+        return self.size // self.batch_size
+
+    def __iter__(self):
+        order = torch.randperm(self.size).tolist()
+        return (order[i * self.batch_size : (i + 1) * self.batch_size] for i in range(len(self)))

@@ -1,0 +1,114 @@
+"""Train loaders that resume exactly for any map-style dataset (engine/loaders.py): the user's plain DataLoader or
+StatefulDataLoader is rebuilt by the engine; one the engine cannot make exact gets one notice that says so."""
+
+import pytest
+import torch
+from conftest import QUICK, cli, extra_config
+from stand_in import Noisy, synthetic_images
+from torch.utils.data import BatchSampler, DataLoader, RandomSampler
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from template_package.engine.loaders import resumable_loader, why_not_resumable
+from template_package.engine.sampling import EpochShuffleSampler, SeededSamples, sample_seed
+
+
+def test_a_plain_loader_is_rebuilt_with_its_own_settings():
+    train = Noisy(synthetic_images()["train"])
+    loader = DataLoader(train, batch_size=32, shuffle=True, drop_last=True, num_workers=2, persistent_workers=True,
+                        collate_fn=list)  # fmt: skip
+    rebuilt = resumable_loader(loader, seed=7, epoch=3)
+    assert isinstance(rebuilt, StatefulDataLoader) and isinstance(rebuilt.sampler, EpochShuffleSampler)
+    assert rebuilt.sampler.epoch == 3 and rebuilt.sampler.seed == 7 and rebuilt.sampler.shuffle
+    assert isinstance(rebuilt.dataset, SeededSamples) and rebuilt.dataset.dataset is train
+    assert (rebuilt.batch_size, rebuilt.drop_last, rebuilt.num_workers) == (32, True, 2)
+    assert rebuilt.persistent_workers and rebuilt.collate_fn is list
+    assert len(rebuilt) == len(train) // 32
+
+
+def test_in_memory_tensors_are_gathered_a_batch_at_a_time_and_equal_per_sample_batching():
+    """A TensorDataset's batches come from one index operation each: exactly what per-sample loading and stacking
+    would give, in the same (seed, epoch) order."""
+    train = synthetic_images()["train"]
+    rebuilt = resumable_loader(DataLoader(train, batch_size=64, shuffle=True, drop_last=True), seed=42, epoch=0)
+    assert rebuilt.batch_size is None and rebuilt.sampler.batch_size == 64
+    per_sample = BatchSampler(EpochShuffleSampler(len(train), 42), 64, drop_last=True)
+    for epoch in (0, 3):
+        rebuilt.sampler.set_epoch(epoch)
+        per_sample.sampler.set_epoch(epoch)
+        batches = list(rebuilt)
+        assert len(batches) == len(rebuilt) == len(per_sample) == 19
+        for (images, targets), indices in zip(batches, per_sample, strict=True):
+            samples = [train[i] for i in indices]
+            assert torch.equal(images, torch.stack([x for x, _ in samples]))
+            assert torch.equal(targets, torch.stack([y for _, y in samples]))
+    keep_last = resumable_loader(DataLoader(train, batch_size=64, shuffle=True), seed=42, epoch=0)
+    assert len(keep_last) == 20 and len(list(keep_last)[-1][1]) == 1257 - 19 * 64
+
+
+@pytest.mark.parametrize(
+    "loader, reason",
+    [
+        (lambda data: DataLoader(data, batch_size=8, sampler=RandomSampler(data, replacement=True)), "replacement"),
+        (lambda data: DataLoader(data, batch_sampler=BatchSampler(RandomSampler(data), 8, False)), "custom batch"),
+        (lambda data: DataLoader(data, batch_size=8, sampler=list(range(len(data)))), "custom sampler (list)"),
+    ],
+    ids=["replacement", "batch_sampler", "sampler"],
+)
+def test_what_cannot_be_made_exact_is_named(loader, reason):
+    made = loader(synthetic_images()["val"])
+    assert reason in why_not_resumable(made)
+    assert resumable_loader(made, seed=0, epoch=0) is made
+
+
+def test_sample_seed_is_the_seed_of_the_sample_being_read():
+    seeds = []
+
+    class Records(torch.utils.data.Dataset):
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, index):
+            seeds.append(sample_seed())
+            return index
+
+    dataset = SeededSamples(Records(), seed=5)
+    dataset[(0, 1)], dataset[(0, 1)], dataset[(1, 1)]
+    assert seeds[0] == seeds[1] != seeds[2]
+    with pytest.raises(RuntimeError, match="only while the engine's train loader reads a sample"):
+        sample_seed()
+
+
+def weights_with_workers(tmp_path, counts: tuple[int, ...]) -> dict[int, dict[str, torch.Tensor]]:
+    """The final weights of a short stand-in run with random noise drawn per sample, for each number of workers."""
+    weights = {}
+    for workers in counts:
+        run_dir = tmp_path / f"workers{workers}"
+        cli("fit", f"--trainer.default_root_dir={run_dir}", *QUICK, "--data.augment=true",
+            f"--data.num_workers={workers}")  # fmt: skip
+        weights[workers] = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    return weights
+
+
+def test_random_draws_in_workers_are_the_same_whatever_their_number(tmp_path):
+    """Each sample's noise is drawn from (seed, epoch, index): 0, 1 and 2 workers train the same bits
+    (tests/test_controls.py: not so without the per-sample seed)."""
+    weights = weights_with_workers(tmp_path, (0, 1, 2))
+    for workers in (1, 2):
+        assert all(torch.equal(weights[0][k], weights[workers][k]) for k in weights[0]), workers
+
+
+@pytest.mark.parametrize("kind", ["iterable", "sampler", "batch_sampler"])
+def test_a_loader_that_cannot_resume_exactly_gets_one_notice_before_training(run_dir, tmp_path, capsys, kind):
+    marker = {"class_path": "kill_points.Say", "init_args": {"hook": "on_train_batch_start", "text": "first batch"}}
+    config = extra_config(tmp_path / "say.yaml", callbacks=[marker])
+    cli("fit", f"--trainer.default_root_dir={run_dir}", *QUICK, "--data=stand_in.UnresumableStandInData",
+        f"--data.kind={kind}", "-c", config, "--trainer.limit_train_batches=3")  # fmt: skip
+    err = capsys.readouterr().err
+    assert err.count("notice: the train loader cannot resume exactly") == 1, err
+    assert "resume" in err.split("notice:")[1].splitlines()[0]
+    assert err.index("notice: the train loader") < err.index("first batch")
+
+
+def test_a_loader_the_engine_makes_exact_gets_no_notice(run_dir, capsys):
+    cli("fit", f"--trainer.default_root_dir={run_dir}", *QUICK, "--data.stateful=true")
+    assert "notice" not in capsys.readouterr().err
