@@ -7,6 +7,7 @@ and written only against the engine: a TrainingRecipe subclass with BatchNorm (b
 and a DataModule with plain DataLoaders, optionally with random noise drawn per sample in `__getitem__`.
 """
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from lightning import LightningDataModule
@@ -194,3 +195,30 @@ class Batches(Sampler):
     def __iter__(self):
         order = torch.randperm(self.size).tolist()
         return (order[i * self.batch_size : (i + 1) * self.batch_size] for i in range(len(self)))
+
+
+class DrawingStandInData(StandInData):
+    """The stand-in's data with noise from a generator the engine cannot seed: `draw` "unseeded" (a new
+    np.random.default_rng() for each sample) or "held" (one np.random.default_rng(0) the dataset keeps)."""
+
+    def __init__(self, draw: str = "unseeded", **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.draw = draw
+
+    def setup(self, stage: str) -> None:
+        super().setup(stage)
+        if not isinstance(self.splits["train"], NumpyNoisy):
+            self.splits["train"] = NumpyNoisy(self.splits["train"], held=self.draw == "held")
+
+
+class NumpyNoisy(Dataset):
+    def __init__(self, dataset: TensorDataset, held: bool) -> None:
+        self.dataset, self.rng = dataset, np.random.default_rng(0) if held else None
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int):
+        image, target = self.dataset[index]
+        rng = self.rng if self.rng is not None else np.random.default_rng()
+        return image + torch.from_numpy(rng.normal(0, 0.1, image.shape)).float(), target

@@ -85,8 +85,9 @@ def test_a_failed_last_ckpt_write_stops_the_run_and_leaves_the_previous_one(tmp_
     )
     assert last.read_bytes() == before.read_bytes() and saved_step(run_dir) == 2
     assert not list(last.parent.glob("*.tmp"))
-    # Stopped at the step after the failed write (step 5, before it is logged as 4), not at the next write (6).
-    assert max(step for step, _ in scalars(run_dir)["train/loss"]) == 3
+    # Stopped at the first optimizer step after the background write failed (step 5, or 6 when the write thread is
+    # slow to fail; each is stopped before the recipe logs it), not at the next write (step 6, logged as 5).
+    assert max(step for step, _ in scalars(run_dir)["train/loss"]) in (3, 4)
     resume(run_dir, *ARGS)
     assert_same_run(reference, run_dir)
 
@@ -105,7 +106,7 @@ def test_a_failed_top_k_write_stops_the_run_with_the_file_named(tmp_path, run_di
 @pytest.mark.slow
 def test_a_file_size_limit_stops_the_run_at_the_first_write(tmp_path, run_dir):
     """Under `ulimit -f` a write fails with EFBIG: named, with its path, when it happens."""
-    limit = 512 * 1024  # below a checkpoint (~1.2 MB), above everything else the run writes
+    limit = 64 * 1024  # below a checkpoint (~145 kB), above everything else the run writes
 
     def limit_file_size() -> None:
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))

@@ -59,7 +59,7 @@ def test_the_same_augmentations_whatever_the_number_of_workers(tree, tmp_path):
 def test_augmented_run_killed_mid_epoch_with_two_workers_resumes_bit_identical(tree, tmp_path, tmp_path_factory):
     """The outside harness: SIGKILL at step 8 (mid-epoch 1) with 2 loader workers drawing random crops and flips;
     the resumed run draws the same ones for the rest of the epoch."""
-    args = [*image_args(tree), "--data.num_workers=2", "--last_checkpoint.every_n_steps=4",
+    args = [*CLASSIFIER, *image_args(tree), "--data.num_workers=2", "--last_checkpoint.every_n_steps=4",
             "--trainer.log_every_n_steps=1"]  # fmt: skip
     assert_kill_and_resume_exact(tmp_path, tmp_path_factory, args, hook="on_train_batch_end", step=8)
 

@@ -158,8 +158,8 @@ class LastCheckpoint(Callback):
             self._stage(trainer)
             self._exit_code = STOP_SIGNALS.exit_code or 128 + signal.SIGTERM
             self._write_staged_then_exit_if_stopping(trainer)
-        elif self._is_due(trainer.global_step, epoch_end=True):
-            self._stage(trainer)
+        elif self._is_due(trainer.global_step, epoch_end=True) and not self._training_ends(trainer):
+            self._stage(trainer)  # (the last epoch's is written by on_train_end, with the epoch counted as done)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # The final state, whether max_epochs, early stopping or max_time ended training (max_steps mid-epoch was
@@ -323,10 +323,24 @@ class ResumableRNGState(Callback):
 
     They are restored in `on_train_start`, after Lightning has seeded everything and rebuilt the data loaders, so
     nothing draws from the restored generators before the first resumed batch.
+
+    Validation during training leaves the random states as it found them: a validation_step that samples would
+    otherwise shift the training's draws, and differently in a resumed run, which skips the sanity check. (The eval
+    loaders' worker seeds come from generators of their own: loaders.ResumableLoaders.)
     """
 
     def __init__(self) -> None:
         self._to_restore: dict[str, torch.Tensor] | None = None
+        self._before_validation: dict[str, torch.Tensor] | None = None
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.state.fn == "fit" and not trainer.sanity_checking:
+            self._before_validation = rng_state_tensors(pl_module.device)
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._before_validation is not None:
+            set_rng_state_tensors(self._before_validation, pl_module.device)
+            self._before_validation = None
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
         states = rng_state_tensors(pl_module.device)

@@ -3,7 +3,7 @@
 - `precision="auto"` (see `auto_precision`), TF32 matmuls on CUDA;
 - checkpoint files written atomically (durable.DurableCheckpointIO, unless a CheckpointIO plugin is given);
 - the engine's own callbacks, whatever the config lists: every rank's RNG states in each checkpoint
-  (resume.ResumableRNGState), a train loader that resumes exactly (loaders.ResumableTrainLoader), and the length of
+  (resume.ResumableRNGState), a train loader that resumes exactly (loaders.ResumableLoaders), and the length of
   every WarmupCosineSchedule (recipe.set_schedule_lengths), so that no module trains at LR 0.
 """
 
@@ -18,7 +18,7 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint, ProgressBar
 
 from .durable import DurableCheckpointIO
 from .errors import UsageError
-from .loaders import ResumableTrainLoader
+from .loaders import ResumableLoaders
 from .recipe import set_schedule_lengths
 from .resume import LastCheckpoint, ResumableRNGState
 
@@ -31,7 +31,7 @@ class ScheduleLength(Callback):
 
 
 # The engine's own callbacks: added to every run that does not list one of the same class.
-ENGINE_CALLBACKS = (ResumableRNGState, ResumableTrainLoader, ScheduleLength)
+ENGINE_CALLBACKS = (ResumableRNGState, ResumableLoaders, ScheduleLength)
 
 
 def auto_precision() -> str:

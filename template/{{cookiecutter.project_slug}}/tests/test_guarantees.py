@@ -1,0 +1,28 @@
+"""The guarantee kit (engine/guarantees.py) on the model and data that configs/default.yaml names, with their
+init_args: yours, once you have put them there. `pytest -m guarantees` runs these alone (a few minutes on 2 CPUs)."""
+
+import pytest
+from conftest import subprocess_env
+
+from template_package.engine.guarantees import GuaranteeKit
+
+pytestmark = pytest.mark.guarantees
+
+
+@pytest.fixture(scope="module")
+def kit(tmp_path_factory) -> GuaranteeKit:
+    return GuaranteeKit(tmp_path_factory.mktemp("guarantees"), env=subprocess_env())
+
+
+def test_a_repeat_run_is_identical(kit):
+    kit.check_repeatable()
+
+
+def test_a_run_killed_and_resumed_ends_like_the_uninterrupted_run(kit):
+    kit.check_exact_resume()
+
+
+def test_the_number_of_loader_workers_does_not_change_the_bits(kit):
+    if not kit.takes_num_workers():
+        pytest.skip("the configured DataModule takes no num_workers")
+    kit.check_workers_agree()
