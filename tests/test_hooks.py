@@ -18,6 +18,7 @@ GOOD = {
     "project_name": "Digits",
     "project_slug": "digits",
     "package_name": "digits",
+    "task": "image_classifier",
     "include_slurm": "yes",
     "include_github_actions": "no",
 }
@@ -35,6 +36,7 @@ GOOD = {
         ({"package_name": "json"}, "package_name 'json' would shadow"),
         ({"project_slug": "My Project"}, "project_slug 'My Project' is not a valid"),
         ({"include_slurm": "maybe"}, "include_slurm='maybe' is not a valid choice: use one of yes, no"),
+        ({"task": "gan"}, "task='gan' is not a valid choice: use one of image_classifier, char_lm"),
     ],
 )
 def test_validate_names_the_bad_answer(answers, message):
@@ -68,17 +70,37 @@ def test_invalid_choice_is_refused(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_post_gen_hook_is_idempotent(tmp_path):
-    """cruft runs the hook again on update: a second run must change nothing."""
+def make_tree(root, files: dict[str, str]) -> None:
+    for relative, text in files.items():
+        (root / relative).parent.mkdir(parents=True, exist_ok=True)
+        (root / relative).write_text(text)
+
+
+@pytest.mark.parametrize("task", ["image_classifier", "char_lm"])
+def test_post_gen_hook_keeps_the_chosen_task_and_is_idempotent(tmp_path, task):
+    """The other task's folders, config variants and files go; the chosen task's variants replace the defaults. cruft
+    runs the hook again on update: a second run must change nothing."""
     finish_project = load_hook("post_gen_project").finish_project
-    src = tmp_path / "src" / "template_package"
-    src.mkdir(parents=True)
-    (src / "cli.py").write_text("from template_package import x\n")
-    (tmp_path / "scripts").mkdir()
-    (tmp_path / "scripts" / "slurm.sbatch").write_text("python -m template_package fit\n")
-    options = {"include_slurm": "no", "include_github_actions": "no"}
+    make_tree(tmp_path, {
+        "src/template_package/engine/cli.py": "from template_package import x\n",
+        "src/template_package/classifier/model.py": "", "src/template_package/char_lm/model.py": "",
+        "tests/classifier/test_a.py": "", "tests/char_lm/test_b.py": "", "benchmarks/overhead.py": "",
+        "configs/default.yaml": "the classifier's\n", "configs/default.char_lm.yaml": "the language model's\n",
+        "configs/compile.yaml": "", "configs/ddp.yaml": "", "scripts/slurm.sbatch": "python -m template_package fit\n",
+    })  # fmt: skip
+    options = {"task": task, "include_slurm": "no", "include_github_actions": "no"}
     finish_project(tmp_path, "digits", options)
+    first = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
     finish_project(tmp_path, "digits", options)
-    assert (tmp_path / "src" / "digits" / "cli.py").read_text() == "from digits import x\n"
-    assert not (tmp_path / "src" / "template_package").exists()
-    assert not (tmp_path / "scripts" / "slurm.sbatch").exists()
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file()) == first
+    assert (tmp_path / "src" / "digits" / "engine" / "cli.py").read_text() == "from digits import x\n"
+    assert not (tmp_path / "src" / "template_package").exists() and not (tmp_path / "scripts" / "slurm.sbatch").exists()
+    kept, dropped = ("classifier", "char_lm") if task == "image_classifier" else ("char_lm", "classifier")
+    assert (tmp_path / "src" / "digits" / kept / "model.py").is_file() and (tmp_path / "tests" / kept).is_dir()
+    assert not (tmp_path / "src" / "digits" / dropped).exists() and not (tmp_path / "tests" / dropped).exists()
+    assert (tmp_path / "configs" / "default.yaml").read_text() == (
+        "the classifier's\n" if task == "image_classifier" else "the language model's\n"
+    )
+    assert not (tmp_path / "configs" / "default.char_lm.yaml").exists() and (tmp_path / "configs" / "ddp.yaml").exists()
+    classifier_only = [tmp_path / "benchmarks", tmp_path / "configs" / "compile.yaml"]
+    assert all(path.exists() == (kept == "classifier") for path in classifier_only)

@@ -10,25 +10,28 @@ from bakery import REPO, cookiecutter_cli, run
 def test_no_input_bakes_the_default_project(tmp_path):
     result = cookiecutter_cli(str(REPO), "--no-input", "-o", str(tmp_path))
     assert result.returncode == 0, result.stderr
-    assert (tmp_path / "digits-classifier" / "src" / "digits_classifier" / "cli.py").is_file()
+    assert (tmp_path / "digits-classifier" / "src" / "digits_classifier" / "engine" / "cli.py").is_file()
+    assert (tmp_path / "digits-classifier" / "src" / "digits_classifier" / "classifier" / "model.py").is_file()
 
 
 def test_key_value_answers_are_honoured(tmp_path):
     result = cookiecutter_cli(str(REPO), "--no-input", "-o", str(tmp_path), "project_name=Cat Detector", "license=MIT")
     assert result.returncode == 0, result.stderr
     project = tmp_path / "cat-detector"
-    assert (project / "src" / "cat_detector" / "model.py").is_file()
+    assert (project / "src" / "cat_detector" / "classifier" / "model.py").is_file()
     assert "# Cat Detector" in (project / "README.md").read_text()
     assert "MIT License" in (project / "LICENSE").read_text()
 
 
 def test_interactive_prompts_take_typed_answers(tmp_path):
     # One line per prompt: template choice, then each variable; an empty line keeps the default.
-    answers = "\n".join(["1", "Moon Lander", "", "lander", "", "", "", "2", "2", "2"]) + "\n"
+    answers = "\n".join(["1", "Moon Lander", "2", "", "lander", "", "", "", "2", "2", "2"]) + "\n"
     result = cookiecutter_cli(str(REPO), "-o", str(tmp_path), input=answers)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     project = tmp_path / "moon-lander"
-    assert (project / "src" / "lander" / "model.py").is_file()
+    assert (project / "src" / "lander" / "char_lm" / "model.py").is_file()  # the second task, chosen at its prompt
+    assert not (project / "src" / "lander" / "classifier").exists()
+    assert "class_path: lander.char_lm.model.CharTransformer" in (project / "configs" / "default.yaml").read_text()
     assert not (project / "scripts" / "slurm.sbatch").exists()
     assert not (project / ".github").exists()
 
@@ -39,7 +42,7 @@ def test_cruft_create_links_the_project_to_the_template(tmp_path, template_repo)
     assert result.returncode == 0, result.stderr
     project = tmp_path / "digits-classifier"
     assert (project / ".cruft.json").is_file()
-    assert (project / "src" / "digits_classifier" / "model.py").is_file()
+    assert (project / "src" / "digits_classifier" / "classifier" / "model.py").is_file()
     check = run([cruft, "check"], cwd=project)
     assert check.returncode == 0, check.stdout + check.stderr
 
@@ -60,5 +63,5 @@ def test_cruft_update_brings_a_template_change_into_the_project(tmp_path, templa
     updated = run([cruft, "update", "-y"], cwd=project)
     assert updated.returncode == 0, updated.stdout + updated.stderr
     assert (project / "configs" / "fast.yaml").read_text().endswith("# a template change\n")
-    assert (project / "src" / "digits_classifier" / "model.py").is_file()  # the hook's rename survived the update
+    assert (project / "src" / "digits_classifier" / "classifier" / "model.py").is_file()  # the hook survived the update
     assert run([cruft, "check"], cwd=project).returncode == 0

@@ -9,7 +9,11 @@ DEPENDENCIES = {
     "torch", "torchvision", "torchmetrics", "torchdata", "lightning", "pytorch_lightning", "lightning_fabric",
     "tensorboard", "sklearn", "numpy", "jsonargparse", "yaml", "rich", "onnx", "pytest", "cookiecutter", "cruft",
 }  # fmt: skip
-CHOICES = {"include_slurm": ("yes", "no"), "include_github_actions": ("yes", "no")}
+CHOICES = {
+    "task": ("image_classifier", "char_lm"),
+    "include_slurm": ("yes", "no"),
+    "include_github_actions": ("yes", "no"),
+}
 
 
 def validate(answers: dict[str, str]) -> str | None:
@@ -39,6 +43,7 @@ if __name__ == "__main__":
             "project_name": """{{ cookiecutter.project_name }}""",
             "project_slug": """{{ cookiecutter.project_slug }}""",
             "package_name": """{{ cookiecutter.package_name }}""",
+            "task": """{{ cookiecutter.task }}""",
             "include_slurm": """{{ cookiecutter.include_slurm }}""",
             "include_github_actions": """{{ cookiecutter.include_github_actions }}""",
         }

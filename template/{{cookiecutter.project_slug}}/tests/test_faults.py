@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import QUICK, STAND_IN, cli, extra_config, resume, scalars, subprocess_env
+from conftest import PROJECT_ROOT, QUICK, STAND_IN, cli, extra_config, resume, scalars, subprocess_env
 from test_resume import (
     assert_same_run,
     finish,
@@ -343,10 +343,18 @@ def test_help_tells_the_truth():
     assert "os.getcwd()" not in fit_help and "default: runs/default" in fit_help
     assert "last: resume the run from its checkpoints/last.ckpt" in fit_help
     assert "lacks type and help" not in fit_help
-    assert "model: template_package.classifier.model.ImageClassifier (the config's" in fit_help
+    import yaml
+
+    from template_package.engine.checks import class_options
+
+    configured = yaml.safe_load((PROJECT_ROOT / "configs" / "default.yaml").read_text())
     options = [line.split()[0] for line in fit_help.splitlines() if line.strip().startswith("--")]
     project_options = [o for o in options if o.split(".")[0] in ("--model", "--data", "--last_checkpoint")]
-    assert {"--model.lr", "--model.arch", "--data.batch_size", "--data.data_dir"} <= set(project_options)
+    for group in ("model", "data"):  # the configured class's own options, whatever the class
+        class_path = configured[group]["class_path"]
+        assert f"{group}: {class_path} (the config's" in fit_help
+        own = [o for action in class_options(group, class_path)._actions for o in action.option_strings]
+        assert {o for o in own if o.startswith(f"--{group}.") and not o.endswith(".help")} <= set(project_options)
     for option in project_options:  # the line after the option (or its own rest) carries its help text
         block = fit_help.split(f"\n  {option} ", 1)[1].split("\n  --", 1)[0]
         assert len(block.split("(type:")[0].split()) > 2, f"{option} has no help text"

@@ -35,7 +35,7 @@ class CharTransformer(TrainingRecipe):
         self,
         vocabulary: str | None = None,
         block_size: int | None = None,
-        width: int = 128,
+        width: int = 64,
         layers: int = 2,
         heads: int = 4,
         dropout: float = 0.1,

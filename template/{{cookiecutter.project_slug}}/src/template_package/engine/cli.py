@@ -17,6 +17,7 @@ from pathlib import Path
 
 import lightning as L
 import torch
+from jsonargparse import Namespace
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback, _InstantiatorFn
 
 from .callbacks import PredictionsCSV
@@ -27,6 +28,7 @@ from .checks import (
     check_logger_extras,
     check_run_dir_writable,
     check_world_size,
+    class_options,
     explain_parse_error,
     lock_run_dir,
 )
@@ -181,28 +183,29 @@ class ProjectCLI(LightningCLI):
         """LightningCLI reads the checkpoint's model hyperparameters over the command line, and in subclass mode
         builds the class the checkpoint names. Here the classes are always the config's (checks.check_checkpoint_class
         refused a checkpoint of another class). A fit compares the hyperparameters (resume_checks.py): a changed flag
-        is refused or applied, never silently dropped. validate, test and predict take the model's, and the data
-        settings the checkpoint was trained with (class names, image size, data folder) where the command line left
-        the default: `predict --ckpt_path X --data.predict_dir DIR` needs nothing else."""
+        is refused or applied, never silently dropped. validate, test and predict take the settings the model and data
+        were trained with (the architecture, the class names, the data folder) where the command line and config
+        files left the default: `predict --ckpt_path X --data.predict_dir DIR` needs nothing else, and
+        `--model.temperature 0.5` still applies. How the data is loaded (batch size, workers) is never taken."""
         subcommand = self.config.get("subcommand")
         if subcommand == "fit" or self.checkpoint is None:
             return
-        config = self.config[subcommand]
-        model = config.model.init_args
-        for name, value in (self.checkpoint.get("hyper_parameters") or {}).items():
-            if not name.startswith("_") and name in model:
-                model[name] = value
-        if config.data is None:
-            return
-        data, default = config.data.init_args, self._subcommand_parsers[subcommand].get_defaults().data
-        same_class = default is not None and default.class_path == config.data.class_path
-        # How data is loaded on this machine, not what the model was trained on, is never taken from the checkpoint.
-        runtime = {"batch_size", *loading_options(config.data.class_path)}
-        for name, value in (self.checkpoint.get("datamodule_hyper_parameters") or {}).items():
-            if name.startswith("_") or name not in data or name in runtime:
+        config, defaults = self.config[subcommand], self._subcommand_parsers[subcommand].get_defaults()
+        runtime = {"batch_size", *loading_options(config.data.class_path)} if config.data is not None else set()
+        for section, key, skip in (
+            ("model", "hyper_parameters", set()),
+            ("data", "datamodule_hyper_parameters", runtime),
+        ):
+            given, default = config[section], defaults.get(section)
+            if given is None:
                 continue
-            if not same_class or data[name] == default.init_args.get(name):
-                data[name] = value
+            if default is None or default.class_path != given.class_path:  # another class: its own defaults
+                default = Namespace(init_args=class_options(section, given.class_path).get_defaults()[section])
+            for name, value in (self.checkpoint.get(key) or {}).items():
+                if name.startswith("_") or name not in given.init_args or name in skip:
+                    continue
+                if given.init_args[name] == default.init_args.get(name):
+                    given.init_args[name] = value
 
     def _check_architecture(self) -> None:
         """After the model is built: does the checkpoint fit it? One line instead of load_state_dict's page."""
