@@ -353,7 +353,7 @@ def test_help_tells_the_truth():
     for group in ("model", "data"):  # the configured class's own options, whatever the class
         class_path = configured[group]["class_path"]
         assert f"{group}: {class_path} (the config's" in fit_help
-        own = [o for action in class_options(group, class_path)._actions for o in action.option_strings]
+        own = [action.option_strings[0] for action in class_options(group, class_path)._actions]
         assert {o for o in own if o.startswith(f"--{group}.") and not o.endswith(".help")} <= set(project_options)
     for option in project_options:  # the line after the option (or its own rest) carries its help text
         block = fit_help.split(f"\n  {option} ", 1)[1].split("\n  --", 1)[0]
