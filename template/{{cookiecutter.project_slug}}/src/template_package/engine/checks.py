@@ -161,14 +161,33 @@ def check_checkpoint(ckpt_path: str, weights_only: bool | None) -> dict | None:
     return checkpoint
 
 
+# What LightningCLI records in every checkpoint it saves, for `load_from_checkpoint`; never called here.
+LIGHTNINGS_INSTANTIATOR = "lightning.pytorch.cli.instantiate_module"
+
+
+def names_a_class(value) -> bool:
+    """Whether a hyperparameter's value describes an object to build (a class_path anywhere in it)."""
+    if isinstance(value, dict):
+        return "class_path" in value or any(names_a_class(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return any(names_a_class(v) for v in value)
+    return False
+
+
 def check_checkpoint_class(ckpt_path: str, checkpoint: dict, config) -> None:
     """Refuse a checkpoint of another model or data class than the ones this command builds, in one line naming
     both. The checkpoint's class is only compared, as text: never imported, so a checkpoint cannot choose the code
     that runs. Class paths compare below the package name, which a generated project renames; a checkpoint that
     records no class (saved by an older release) is not refused here (its weights are still checked)."""
     for section, key in (("model", "hyper_parameters"), ("data", "datamodule_hyper_parameters")):
-        saved = (checkpoint.get(key) or {}).get("_class_path")
-        built = config[section]
+        hparams = checkpoint.get(key) or {}
+        instantiator = hparams.get("_instantiator")
+        if instantiator is not None and instantiator != LIGHTNINGS_INSTANTIATOR:
+            raise SystemExit(
+                f"error: --ckpt_path {ckpt_path} names {instantiator!s:.200} to build its {section}, which no command "
+                "here runs: it was not written by this project's fit; use a checkpoint that was"
+            )
+        saved, built = hparams.get("_class_path"), config[section]
         if saved is None or built is None:
             continue
         if not isinstance(saved, str) or saved.partition(".")[2] != built.class_path.partition(".")[2]:

@@ -31,6 +31,7 @@ from .checks import (
     class_options,
     explain_parse_error,
     lock_run_dir,
+    names_a_class,
 )
 from .cli_help import TOOLS, ProjectArgumentParser, program, project_description
 from .errors import MACHINE_FAULTS, is_a_users_mistake, one_line, original_error
@@ -202,8 +203,8 @@ class ProjectCLI(LightningCLI):
             if default is None or default.class_path != given.class_path:  # another class: its own defaults
                 default = Namespace(init_args=class_options(section, given.class_path).get_defaults()[section])
             for name, value in (self.checkpoint.get(key) or {}).items():
-                if name.startswith("_") or name not in given.init_args or name in skip:
-                    continue
+                if name.startswith("_") or name not in given.init_args or name in skip or names_a_class(value):
+                    continue  # (an object to build comes from the config, never from a checkpoint)
                 if given.init_args[name] == default.init_args.get(name):
                     given.init_args[name] = value
 

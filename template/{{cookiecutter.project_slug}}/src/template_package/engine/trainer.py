@@ -15,6 +15,7 @@ import torch
 from lightning.fabric.plugins.io import CheckpointIO
 from lightning.fabric.plugins.precision.precision import _PRECISION_INPUT
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint, ProgressBar
+from lightning.pytorch.plugins.precision import Precision
 
 from .durable import DurableCheckpointIO
 from .errors import UsageError
@@ -77,8 +78,8 @@ class Trainer(L.Trainer):
         default_root_dir: the run directory: checkpoints/ (last.ckpt and the best by checkpoint.monitor),
             config.yaml and the TensorBoard events. `fit` refuses a directory that already holds a run unless it
             resumes it (--ckpt_path last), and a directory that another fit is training.
-        precision: "auto" (bf16-mixed on GPUs with bf16, 16-mixed on older GPUs, 32-true on CPU), or any Lightning
-            precision string.
+        precision: "auto" (bf16-mixed on GPUs with bf16, 16-mixed on older GPUs, 32-true on CPU; a precision plugin
+            given in `plugins` instead), or any Lightning precision string.
     """
 
     def __init__(
@@ -107,7 +108,8 @@ class Trainer(L.Trainer):
             # TF32 tensor cores for float32 matmuls and convolutions: ~8x faster on Ampere+, deterministic.
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True
-        precision = auto_precision() if precision == "auto" else precision
+        if precision == "auto":  # a precision plugin given in `plugins` decides by itself
+            precision = None if any(isinstance(p, Precision) for p in plugins) else auto_precision()
         super().__init__(*args, default_root_dir=default_root_dir, precision=precision, **kwargs)
 
     fit = _described(
