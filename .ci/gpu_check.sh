@@ -11,7 +11,7 @@ if compgen -G ".whl/*.whl" >/dev/null; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir .whl/*.whl || exit 1
 fi
 cd "template/{{cookiecutter.project_slug}}" || exit 1
-export PYTHONPATH=src:tests PYTHONUNBUFFERED=1
+export PYTHONPATH=src:tests:tests/classifier PYTHONUNBUFFERED=1
 summary="$OUT/summary.txt"
 {
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
@@ -27,9 +27,9 @@ run_for() {  # seconds, command...: run it with a timeout of at most the time le
 }
 
 start=$SECONDS
-run_for 200 python3 -m pytest tests/test_gpu.py -m "slow or not slow" -p no:cacheprovider -q -rs 2>&1 |
-    tee "$OUT/test_gpu.log" | tail -4 | tee -a "$summary"
-echo "test_gpu.py: $((SECONDS - start)) s" | tee -a "$summary"
+run_for 240 python3 -m pytest tests/test_gpu.py tests/test_clipping.py tests/classifier/test_gpu_fast_path.py \
+    -m "slow or not slow" -p no:cacheprovider -q -rs 2>&1 | tee "$OUT/test_gpu.log" | tail -4 | tee -a "$summary"
+echo "CUDA tests: $((SECONDS - start)) s" | tee -a "$summary"
 
 start=$SECONDS
 run_for 60 python3 -m template_package fit --trainer.default_root_dir=/tmp/gpu_default_run \

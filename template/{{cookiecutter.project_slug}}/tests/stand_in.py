@@ -10,7 +10,7 @@ and a DataModule with plain DataLoaders, optionally with random noise drawn per 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from lightning import LightningDataModule
+from lightning import LightningDataModule, LightningModule
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, TensorDataset, WeightedRandomSampler
 from torchdata.stateful_dataloader import StatefulDataLoader
@@ -21,19 +21,24 @@ from template_package.engine.recipe import TrainingRecipe
 SPLITS = {"train": 1257, "val": 270, "test": 270}
 
 
-class StandInClassifier(TrainingRecipe):
+def stand_in_net(num_classes: int, in_channels: int, dropout: float) -> nn.Module:
     """Two conv-BN-ReLU blocks, dropout and a linear head on the flattened features."""
+    return nn.Sequential(
+        nn.Conv2d(in_channels, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU(),
+        nn.Conv2d(16, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU(),
+        nn.Flatten(), nn.Dropout(dropout), nn.Linear(8 * 8 * 8, num_classes),
+    )  # fmt: skip
+
+
+class StandInClassifier(TrainingRecipe):
+    """The stand-in's network on the engine's training recipe."""
 
     def __init__(
         self, num_classes: int | None = None, in_channels: int | None = None, dropout: float = 0.0, **recipe
     ) -> None:
         super().__init__(**recipe)
         self.save_hyperparameters()
-        self.net = nn.Sequential(
-            nn.Conv2d(in_channels, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU(),
-            nn.Conv2d(16, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU(),
-            nn.Flatten(), nn.Dropout(dropout), nn.Linear(8 * 8 * 8, num_classes),
-        )  # fmt: skip
+        self.net = stand_in_net(num_classes, in_channels, dropout)
         self.val_acc = MulticlassAccuracy(num_classes, average="micro")
         self.test_acc = MulticlassAccuracy(num_classes, average="micro")
         self.example_input_array = torch.zeros(2, in_channels, 8, 8)
@@ -222,3 +227,35 @@ class NumpyNoisy(Dataset):
         image, target = self.dataset[index]
         rng = self.rng if self.rng is not None else np.random.default_rng()
         return image + torch.from_numpy(rng.normal(0, 0.1, image.shape)).float(), target
+
+
+class PlainClassifier(LightningModule):
+    """The stand-in's network in a plain LightningModule with an optimizer and schedule of its own (none of the
+    recipe): SGD with momentum and `schedule` "exponential" (x0.9 a step) or "warmup_cosine" (the engine's
+    WarmupCosineSchedule), stepped per `interval`."""
+
+    def __init__(
+        self, num_classes: int | None = None, in_channels: int | None = None, lr: float = 0.05,
+        schedule: str = "exponential", interval: str = "step",
+    ) -> None:  # fmt: skip
+        super().__init__()
+        self.save_hyperparameters()
+        self.net = stand_in_net(num_classes, in_channels, dropout=0.0)
+
+    def training_step(self, batch, batch_idx: int) -> Tensor:
+        images, targets = batch
+        return F.cross_entropy(self.net(images), targets)
+
+    def validation_step(self, batch, batch_idx: int) -> None:
+        images, targets = batch
+        self.log("val/acc", (self.net(images).argmax(-1) == targets).float().mean())
+
+    def configure_optimizers(self):
+        from template_package.engine.schedulers import WarmupCosineSchedule
+
+        optimizer = torch.optim.SGD(self.parameters(), lr=self.hparams.lr, momentum=0.9)
+        if self.hparams.schedule == "exponential":
+            schedule = torch.optim.lr_scheduler.ExponentialLR(optimizer, gamma=0.9)
+        else:
+            schedule = WarmupCosineSchedule(optimizer, warmup=2)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": self.hparams.interval}}

@@ -37,22 +37,28 @@ class Recorded(Logger):
         pass
 
 
-def precision_args(precision: str) -> dict:
-    if precision == "16-mixed":
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU; none on this machine")
+
+
+def precision_args(precision: str, device: str) -> dict:
+    if precision == "16-mixed" and device == "cpu":
         return {"plugins": [MixedPrecision("16-mixed", "cpu", scaler=torch.amp.GradScaler("cpu"))]}
     return {"precision": precision}
 
 
-def train(precision: str, fused: bool, algorithm: str = "norm", accumulate: int = 1) -> tuple[Recorded, dict]:
+def train(
+    precision: str, fused: bool, algorithm: str = "norm", accumulate: int = 1, device: str = "cpu"
+) -> tuple[Recorded, dict]:
     L.seed_everything(0)
     model = StandInClassifier(num_classes=10, in_channels=1, fused_optimizer=fused, warmup=1, lr=0.01)
     logger = Recorded()
-    trainer = Trainer(accelerator="cpu", devices=1, max_steps=STEPS, limit_val_batches=0, log_every_n_steps=1,
+    accelerator = "gpu" if device == "cuda" else "cpu"
+    trainer = Trainer(accelerator=accelerator, devices=1, max_steps=STEPS, limit_val_batches=0, log_every_n_steps=1,
                       gradient_clip_val=CLIP, gradient_clip_algorithm=algorithm, accumulate_grad_batches=accumulate,
                       logger=logger, enable_checkpointing=False, enable_progress_bar=False,
-                      enable_model_summary=False, **precision_args(precision))  # fmt: skip
+                      enable_model_summary=False, **precision_args(precision, device))  # fmt: skip
     trainer.fit(model, datamodule=StandInData(batch_size=32))
-    return logger, {k: v.float() for k, v in model.state_dict().items()}
+    return logger, {k: v.float().cpu() for k, v in model.state_dict().items()}
 
 
 def norm_by_hand(precision: str) -> float:
@@ -87,8 +93,8 @@ def test_16_mixed_with_a_fused_optimizer_clips_unscaled_gradients():
 @pytest.mark.parametrize("accumulate", [1, 3])
 @pytest.mark.parametrize("algorithm", ["norm", "value"])
 @pytest.mark.parametrize("precision", ["32-true", "bf16-mixed", "16-mixed", "bf16-true"])
-def test_every_combination_clips_unscaled_gradients(precision, algorithm, accumulate):
-    results = {fused: train(precision, fused, algorithm, accumulate) for fused in (False, True)}
+def test_every_combination_clips_unscaled_gradients(precision, algorithm, accumulate, device="cpu"):
+    results = {fused: train(precision, fused, algorithm, accumulate, device) for fused in (False, True)}
     (plain, plain_weights), (fused, fused_weights) = results[False], results[True]
     norms = {name: logger.metrics["train/grad_norm"] for name, logger in (("plain", plain), ("fused", fused))}
     assert len(norms["plain"]) == len(norms["fused"]) == STEPS
@@ -96,3 +102,13 @@ def test_every_combination_clips_unscaled_gradients(precision, algorithm, accumu
     tolerance = 5e-2 if precision == "bf16-true" else 1e-3  # bf16 weights round to 3 significant digits
     assert norms["fused"][0] == pytest.approx(norms["plain"][0], rel=tolerance)
     assert max((fused_weights[k] - plain_weights[k]).abs().max().item() for k in plain_weights) < tolerance
+
+
+@needs_cuda
+@pytest.mark.slow
+@pytest.mark.parametrize("accumulate", [1, 3])
+@pytest.mark.parametrize("algorithm", ["norm", "value"])
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed", "16-mixed", "bf16-true"])
+def test_every_combination_clips_unscaled_gradients_on_cuda(precision, algorithm, accumulate):
+    """The same on a GPU, where precision "auto" picks 16-mixed without bf16 (V100, T4, consumer cards)."""
+    test_every_combination_clips_unscaled_gradients(precision, algorithm, accumulate, device="cuda")

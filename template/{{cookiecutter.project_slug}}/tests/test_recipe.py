@@ -5,6 +5,7 @@ import math
 import lightning as L
 import pytest
 import torch
+from conftest import QUICK, cli
 from stand_in import StandInClassifier
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -57,3 +58,39 @@ def test_schedule_follows_the_formula_in_optimizer_steps(max_epochs, max_steps, 
     assert all(a < b for a, b in zip(rising[:-1], rising[1:], strict=True))
     assert all(a > b for a, b in zip(falling[:-1], falling[1:], strict=True))
     assert trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(peak * min_ratio)  # after the last step
+
+
+# --- Any WarmupCosineSchedule gets the run's length: LR 0 for a whole run is impossible ---------------------------
+
+
+def test_a_plain_modules_own_warmup_cosine_gets_the_runs_length(run_dir):
+    """A module that is not a TrainingRecipe uses the schedule in its own configure_optimizers: the engine's Trainer
+    gives it the run's length (it trained at LR 0 for the whole run, exit 0, before)."""
+    plain = ["--model=stand_in.PlainClassifier", "--model.lr=0.05", "--model.schedule=warmup_cosine"]
+    result = cli("fit", f"--trainer.default_root_dir={run_dir}", *QUICK, *plain,
+                 "--trainer.callbacks+=test_recipe.RecordLR")  # fmt: skip
+    record = next(c for c in result.trainer.callbacks if type(c).__name__ == "RecordLR")  # (imported by the CLI)
+    assert result.model.lr_schedulers().total_steps == 12
+    assert record.lrs[0] == pytest.approx(0.05 / 3) and max(record.lrs) == pytest.approx(0.05)
+
+
+def test_a_warmup_cosine_stepped_per_epoch_is_refused_in_one_line(run_dir):
+    with pytest.raises(SystemExit) as stop:
+        cli("fit", f"--trainer.default_root_dir={run_dir}", *QUICK, "--model=stand_in.PlainClassifier",
+            "--model.schedule=warmup_cosine", "--model.interval=epoch")  # fmt: skip
+    assert str(stop.value.code).startswith("error: WarmupCosineSchedule is stepped once per epoch: it counts optimizer")
+    assert not (run_dir / "checkpoints" / "last.ckpt").exists()
+
+
+def test_a_warmup_cosine_stepped_without_a_length_raises():
+    """In a plain Lightning Trainer and a plain module, nothing gives it a length: its first step raises, after one
+    optimizer step at LR 0, instead of a whole run at LR 0."""
+    from stand_in import PlainClassifier
+
+    data = TensorDataset(torch.rand(40, 1, 8, 8), torch.randint(0, 10, (40,)))
+    model = PlainClassifier(num_classes=10, in_channels=1, schedule="warmup_cosine")
+    trainer = L.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False)  # fmt: skip
+    with pytest.raises(RuntimeError, match="stepped before it knew the run's length: call set_total_steps"):
+        trainer.fit(model, DataLoader(data, batch_size=4))
+    assert trainer.global_step == 1

@@ -79,3 +79,14 @@ def test_a_step_limited_run_made_longer_trains_the_added_steps(run_dir):
     resumed = resume(run_dir, *steps, "--trainer.max_steps=12")
     assert resumed.trainer.global_step == 12
     assert [step for step, _ in scalars(run_dir)["train/loss"]] == list(range(12))
+
+
+def test_an_allowed_change_applies_to_a_module_of_any_kind(run_dir):
+    """A plain LightningModule with SGD and an exponential schedule of its own (not the recipe): --allow_change
+    model.lr puts the new rate in its restored optimizer, and the schedule goes on from there (x0.9 a step)."""
+    plain = ["--model=stand_in.PlainClassifier", *ARGS]
+    cli("fit", f"--trainer.default_root_dir={run_dir}", *plain, "--trainer.max_epochs=1")
+    resume(run_dir, *plain, "--model.lr=0.1", "--allow_change=model.lr")
+    [group] = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["optimizer_states"][0][
+        "param_groups"]  # fmt: skip
+    assert group["initial_lr"] == 0.1 and group["lr"] == pytest.approx(0.1 * 0.9**12, rel=1e-9)

@@ -17,7 +17,7 @@ from .errors import UsageError
 
 def metric_filename(monitor: str) -> str:
     """`epoch={epoch}-val_loss={val/loss:.4f}` for val/loss: the epoch and the monitored value in every file name."""
-    return f"epoch={{epoch}}-{monitor.replace('/', '_')}={{{monitor}:.4f}}"
+    return "epoch={epoch}-" + monitor.replace("/", "_") + "={" + monitor + ":.4f}"  # (a format for Lightning)
 
 
 class BestCheckpoints(ModelCheckpoint):

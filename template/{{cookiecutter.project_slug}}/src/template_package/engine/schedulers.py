@@ -38,10 +38,11 @@ def resolve_warmup_steps(warmup: float, total_steps: int) -> int:
 class WarmupCosineSchedule(LRScheduler):
     """Per-step warmup-cosine schedule on every param group's initial LR.
 
-    `total_steps` may be left as None and given later with `set_total_steps`, once the run's length is known.
-    The LightningModule does that in `on_train_start`: reading `trainer.estimated_stepping_batches` inside
-    `configure_optimizers` builds the train loader too early and silently skips restoring its position on resume
-    (Lightning issue #20550). Until then the LR is 0, so a forgotten call cannot train at a wrong rate.
+    `total_steps` may be left as None and given later with `set_total_steps`, once the run's length is known: the
+    engine's Trainer does that for every WarmupCosineSchedule of a run when training starts (recipe.py,
+    set_schedule_lengths); reading `trainer.estimated_stepping_batches` inside `configure_optimizers` builds the
+    train loader too early and silently skips restoring its position on resume (Lightning issue #20550). Until then
+    the LR is 0, and stepping the schedule raises: a forgotten call cannot train a whole run at LR 0.
     """
 
     def __init__(
@@ -66,6 +67,11 @@ class WarmupCosineSchedule(LRScheduler):
 
     def get_lr(self) -> list[float]:
         if self.total_steps is None:
+            if self.last_epoch > 0:
+                raise RuntimeError(
+                    "WarmupCosineSchedule was stepped before it knew the run's length: call set_total_steps(steps) "
+                    "first, or train with the engine's Trainer (or a TrainingRecipe module), which does"
+                )
             return [0.0 for _ in self.base_lrs]
         factor = warmup_cosine_factor(self.last_epoch, self.warmup_steps, self.total_steps, self.min_lr_ratio)
         return [base_lr * factor for base_lr in self.base_lrs]
