@@ -63,6 +63,8 @@ SMOKE = ["tests/test_cli.py::test_fit_writes_the_run_directory_contract", "tests
 def test_preset_project_passes_its_own_tests(baked, request):
     project, _ = baked
     preset = request.node.callspec.id
+    if preset == "minimal":
+        pytest.skip("the same code as custom_names with other names and fewer files: baked and ruff-checked above")
     select = [] if preset == "default" else ["-n", "0", *SMOKE]
     if preset == "char_lm":  # the other task (the engine's tests ran in the default preset): its own and the kit's
         select = ["-m", "example or guarantees"]

@@ -30,6 +30,11 @@ class FreezeAt(Callback):
         self.flush_logs = flush_logs
 
     def _freeze(self, trainer: L.Trainer) -> None:
+        from template_package.engine.resume import LastCheckpoint
+
+        for callback in trainer.callbacks:  # a write in flight finishes first: its kill point is tested on its own
+            if isinstance(callback, LastCheckpoint):
+                callback._wait_for_write()
         if self.flush_logs:
             for logger in trainer.loggers:
                 logger.save()

@@ -237,3 +237,29 @@ def test_progress_bar_redraws_by_time_and_shows_each_epochs_count(run_dir: Path,
     cli("fit", f"--trainer.default_root_dir={run_dir}", "--trainer.max_epochs=3", "--trainer.limit_train_batches=6")
     assert [desc for desc, _, _ in drawn] == ["Epoch 0: ", "Epoch 1: ", "Epoch 2: ", "Epoch 2: "]  # validations, end
     assert all(n == total == 6 for _, n, total in drawn), drawn
+
+
+@pytest.mark.slow
+def test_classes_in_the_working_directory_reach_every_rank(tmp_path: Path):
+    """A model and data module in the working directory alone (not on PYTHONPATH, not in the package): both DDP
+    ranks, started by Lightning's launcher, import them, as `python -m` puts the working directory on sys.path."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    from conftest import TESTS
+
+    shutil.copy(TESTS / "stand_in.py", tmp_path / "my_task.py")
+    env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT / "src")}  # the package, not tests/
+    run_dir = tmp_path / "run"
+    result = subprocess.run(
+        [sys.executable, "-m", "template_package", "fit", "--model=my_task.StandInClassifier",
+         "--data=my_task.StandInData", f"--trainer.default_root_dir={run_dir}", *QUICK, "--trainer.strategy=ddp",
+         "--trainer.accelerator=cpu", "--trainer.devices=2"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
+    assert checkpoint["hyper_parameters"]["_class_path"] == "my_task.StandInClassifier"
+    assert checkpoint["rng_states"]["torch"].shape[0] == 2  # both ranks trained

@@ -307,7 +307,10 @@ class Sweep:
             for trial in self.study.get_trials(deepcopy=False, states=(RUNNING,)):
                 claim = RunLock(self.dir / f"trial-{trial.number}", ".sweep.lock")
                 if try_acquire(claim):
-                    return optuna.Trial(self.study, trial._trial_id), claim
+                    # Its process may have finished it and let go of it since the list was read: read it again.
+                    if self.study._storage.get_trial(trial._trial_id).state == RUNNING:
+                        return optuna.Trial(self.study, trial._trial_id), claim
+                    claim.release()
             if len(self.study.get_trials(deepcopy=False)) >= self.settings.n_trials:
                 return None
             trial = self.study.ask()
