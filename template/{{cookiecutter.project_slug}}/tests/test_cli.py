@@ -255,7 +255,8 @@ def test_classes_in_the_working_directory_reach_every_rank(tmp_path: Path):
     run_dir = tmp_path / "run"
     result = subprocess.run(
         [sys.executable, "-m", "template_package", "fit", "--model=my_task.StandInClassifier",
-         "--data=my_task.StandInData", f"--trainer.default_root_dir={run_dir}", *QUICK, "--trainer.strategy=ddp",
+         "--data=my_task.StandInData", "--checkpoint.monitor=val/acc", "--checkpoint.mode=max",
+         f"--trainer.default_root_dir={run_dir}", *QUICK, "--trainer.strategy=ddp",
          "--trainer.accelerator=cpu", "--trainer.devices=2"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
@@ -263,3 +264,28 @@ def test_classes_in_the_working_directory_reach_every_rank(tmp_path: Path):
     checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
     assert checkpoint["hyper_parameters"]["_class_path"] == "my_task.StandInClassifier"
     assert checkpoint["rng_states"]["torch"].shape[0] == 2  # both ranks trained
+
+
+def test_evaluating_a_runs_checkpoint_writes_into_that_run(run_dir: Path, tmp_path: Path):
+    """Without --trainer.default_root_dir, validate and predict of DIR/checkpoints/X.ckpt log and write
+    predictions.csv into DIR, not into the default run directory (the working directory's runs/default)."""
+    cli("fit", f"--trainer.default_root_dir={run_dir}", *QUICK)
+    checkpoint = run_dir / "checkpoints" / "last.ckpt"
+    cli("validate", f"--ckpt_path={checkpoint}")
+    cli("predict", f"--ckpt_path={checkpoint}")
+    assert (run_dir / "predictions.csv").is_file() and len(list(run_dir.glob("events.out.tfevents.*"))) == 3
+    assert not (tmp_path / "runs").exists()
+
+
+def test_predictions_of_a_regression_are_values_not_class_probabilities(tmp_path: Path):
+    from types import SimpleNamespace
+
+    from template_package.engine.callbacks import PredictionsCSV
+
+    trainer = SimpleNamespace(predict_dataloaders=SimpleNamespace(dataset=[]), datamodule=None)
+    writer = PredictionsCSV(str(tmp_path / "regression.csv"))
+    writer.write_on_epoch_end(trainer, None, [torch.tensor([[0.5, -1.0], [2.0, 0.25]])], [[[0, 1]]])
+    assert (tmp_path / "regression.csv").read_text().splitlines() == ["index,y_0,y_1", "0,0.5,-1.0", "1,2.0,0.25"]
+    writer = PredictionsCSV(str(tmp_path / "classes.csv"))
+    writer.write_on_epoch_end(trainer, None, [torch.tensor([[0.25, 0.75]])], [[[0]]])
+    assert (tmp_path / "classes.csv").read_text().splitlines() == ["index,prediction,p_0,p_1", "0,1,0.250000,0.750000"]

@@ -54,6 +54,13 @@ def test_unknown_key_in_a_config_file_suggests_the_close_one(tmp_path):
     )
 
 
+def test_an_abbreviated_option_is_not_taken_for_the_whole_one():
+    """argparse would take --trainer.max_epoch for --trainer.max_epochs, silently."""
+    assert error_line("fit", "--trainer.max_epoch=3") == (
+        "error: unknown option --trainer.max_epoch: did you mean --trainer.max_epochs?"
+    )
+
+
 def test_wrong_type_names_the_key_and_value():
     message = error_line("fit", "--model.lr=abc")
     assert "model.lr" in message and "abc" in message and "float" in message

@@ -2,7 +2,7 @@
 goes red, naming the first difference and the cause."""
 
 import pytest
-from conftest import subprocess_env
+from conftest import STAND_IN, subprocess_env
 
 from template_package.engine.guarantees import GuaranteeKit
 
@@ -10,7 +10,7 @@ pytestmark = pytest.mark.slow
 
 
 def kit_on(tmp_path, data: str, *args: str) -> GuaranteeKit:
-    task = ["--model=stand_in.StandInClassifier", f"--data={data}", *args]
+    task = [*STAND_IN, f"--data={data}", *args]
     return GuaranteeKit(tmp_path / "kit", task, env=subprocess_env())
 
 

@@ -112,3 +112,14 @@ def test_a_loader_that_cannot_resume_exactly_gets_one_notice_before_training(run
 def test_a_loader_the_engine_makes_exact_gets_no_notice(run_dir, capsys):
     cli("fit", f"--trainer.default_root_dir={run_dir}", *QUICK, "--data.stateful=true")
     assert "notice" not in capsys.readouterr().err
+
+
+def test_a_loader_without_a_length_and_no_max_steps_gets_one_line_for_the_schedule(run_dir, capsys):
+    """The warmup-cosine schedule needs the run's length: an iterable dataset's loader cannot give it."""
+    with pytest.raises(SystemExit) as stop:
+        cli("fit", f"--trainer.default_root_dir={run_dir}", *QUICK, "--trainer.limit_train_batches=1.0",
+            "--data=stand_in.UnresumableStandInData", "--data.kind=iterable")  # fmt: skip
+    assert str(stop.value.code) == (
+        "error: the warmup-cosine schedule needs the run's length in optimizer steps: set trainer.max_steps (a train "
+        "loader without a length, such as an iterable dataset's, cannot give it), or a finite max_epochs"
+    )

@@ -38,6 +38,13 @@ def test_a_change_of_the_runs_math_is_refused_in_one_line(finished_run, flag, ol
     assert files(finished_run) == before
 
 
+def test_a_changed_option_that_changes_the_weights_is_named_with_both_values(finished_run):
+    """Before the weights are compared: `--model.num_classes 5` is named, not reported as another architecture."""
+    with pytest.raises(SystemExit) as stop:
+        resume(finished_run, *ARGS, "--model.num_classes=5")
+    assert str(stop.value.code).startswith("error: --model.num_classes is 5 but ")
+
+
 def test_how_the_data_is_loaded_may_change(finished_run, capsys):
     """The number of loader workers reads the same batches: a resume may change it, with a notice."""
     resume(finished_run, *ARGS, "--trainer.max_epochs=3", "--data.num_workers=1")

@@ -213,7 +213,8 @@ def check_architecture(ckpt_path: str, checkpoint: dict, model: L.LightningModul
         raise SystemExit(
             f"error: --ckpt_path {ckpt_path} is for another architecture ({'; '.join(problems[:3])}"
             f"{f' and {len(problems) - 3} more' if len(problems) > 3 else ''}): "
-            "check --model.arch and the data, or load partial weights with strict=False (see README)"
+            "check the model's options and the data it takes its sizes from, or load partial weights with "
+            "strict=False (see README)"
         )
 
 

@@ -1,9 +1,11 @@
-"""The command line: `python -m template_package fit|validate|test|predict [--config FILE ...] [--key value ...]`.
+"""The command line: `python -m template_package fit|validate|test|predict [--config FILE ...] [--key value ...]`, and
+the tools `sweep`, `export` and `grad_norms`.
 
-LightningCLI builds the model, the DataModule and the Trainer from `configs/default.yaml` plus any `--config` presets
-and flags, and saves the resolved config into the run directory. This module adds what the run-directory contract
-needs: `--trainer.default_root_dir DIR` holds `DIR/checkpoints/last.ckpt`, `DIR/config.yaml` and the TensorBoard
-events, and `fit --ckpt_path last` resumes that run, or starts it when there is nothing to resume yet.
+LightningCLI, in subclass mode, builds the model and DataModule classes that `configs/default.yaml` and any
+`--config` presets and flags name (`--model a.b.MyModel`), gives the model the values it takes from the data, builds
+the engine's Trainer, and saves the resolved config into the run directory. This module adds what the run-directory
+contract needs: `--trainer.default_root_dir DIR` holds `DIR/checkpoints/last.ckpt`, `DIR/config.yaml` and the
+TensorBoard events, and `fit --ckpt_path last` resumes that run, or starts it when there is nothing to resume yet.
 """
 
 import importlib
@@ -164,6 +166,8 @@ class ProjectCLI(LightningCLI):
                 check_run_dir_writable(root)
             self.run_dir = root
             resolve_resume(config)
+        elif config.ckpt_path:
+            self._in_the_checkpoints_run(config, self._subcommand_parsers[subcommand].get_defaults())
         self.checkpoint = check_checkpoint(config.ckpt_path, config.weights_only) if config.ckpt_path else None
         if self.checkpoint is not None:
             check_checkpoint_class(config.ckpt_path, self.checkpoint, config)
@@ -176,6 +180,18 @@ class ProjectCLI(LightningCLI):
             super()._run_subcommand(subcommand)
         else:
             self._check_architecture()
+
+    @staticmethod
+    def _in_the_checkpoints_run(config, defaults) -> None:
+        """validate, test and predict of a checkpoint in a run directory (`DIR/checkpoints/X.ckpt`) write their logs
+        and predictions.csv into that run, unless --trainer.default_root_dir names another."""
+        checkpoints = Path(config.ckpt_path).parent
+        if checkpoints.name != "checkpoints" or config.trainer.default_root_dir != defaults.trainer.default_root_dir:
+            return
+        root = str(checkpoints.parent)
+        config.trainer.default_root_dir = root
+        config.checkpoint.dirpath = config.last_checkpoint.dirpath = checkpoint_dir(root)
+        config.predictions.path = predictions_csv(root)
 
     def before_instantiate_classes(self) -> None:
         follow_the_monitored_metric(self.config[self.subcommand])
@@ -218,16 +234,17 @@ class ProjectCLI(LightningCLI):
     def before_fit(self) -> None:
         # The predictions writer only serves predict; in fit it would only cost every training hook a call.
         self.trainer.callbacks[:] = [c for c in self.trainer.callbacks if not isinstance(c, PredictionsCSV)]
-        self._check_architecture()
         if self.checkpoint is not None:  # the classes are built and the trainer knows its world size: nothing ran yet
             config = self.config_init["fit"]
             allowed = config.allow_change.split(",")
+            # First the settings (a changed --model.width is named with both values), then the weights that follow.
             changed = check_resume_changes(
                 config, self.checkpoint, config.ckpt_path, allowed, self.model, self.datamodule
             )
             if any(option.startswith("model.") for option in changed):
                 self.trainer.callbacks.append(ChangedModelSettings())
             check_world_size(config.ckpt_path, self.checkpoint, self.trainer.world_size)
+        self._check_architecture()
 
     def after_fit(self) -> None:
         if self.trainer.is_global_zero and not self.trainer.fast_dev_run:
@@ -287,11 +304,15 @@ def run_tool(name: str, args: list[str]) -> None:
 
 def quiet_third_party_notices() -> None:
     """Hide what our dependencies print on every run that a user can do nothing about, and only that: Lightning's
-    advertisement for its cloud logger, two deprecation warnings of calls inside torchdata and Lightning, and, with
-    configs/ema.yaml, a warning about sharded models (this project's configure_model shards nothing)."""
+    advertisement for its cloud logger, two deprecation warnings of calls inside torchdata and Lightning, the warning
+    that the checkpoint folder is not empty (a resumed run's own), and, with configs/ema.yaml, a warning about sharded
+    models (this project's configure_model shards nothing)."""
     warnings.filterwarnings("ignore", message="'set_vital' is deprecated", category=UserWarning)
     warnings.filterwarnings("ignore", message="You're using the WeightAveraging callback with a model that overrides")
     warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)`", category=FutureWarning)
+    # A run directory is never overwritten (fit refuses; --ckpt_path last resumes it): the warning is always about
+    # the run's own checkpoints.
+    warnings.filterwarnings("ignore", message="Checkpoint directory .* exists and is not empty")
     logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_not_the_litlogger_tip)
 
 
@@ -309,11 +330,13 @@ def _machine_faults_are_reported_once(args: threading.ExceptHookArgs) -> None:
 def build_cli(args: list[str] | None, run_subcommand: bool = True) -> ProjectCLI:
     """The CLI without main's error handling; with `run_subcommand=False` it parses, checks the checkpoint and builds
     the classes, and runs nothing (export builds the model this way)."""
-    defaults = {"default_config_files": [str(DEFAULT_CONFIG)] if DEFAULT_CONFIG else [], "exit_on_error": False}
+    # allow_abbrev off: argparse would take a mistyped --trainer.max_epoch for --trainer.max_epochs, silently.
+    defaults = {"default_config_files": [str(DEFAULT_CONFIG)] if DEFAULT_CONFIG else [], "exit_on_error": False,
+                "allow_abbrev": False}  # fmt: skip
     # The project's description (looked up among the installed distributions: 0.2-0.7 s) only when help is shown.
     shows_help = {"-h", "--help"} & set(sys.argv[1:] if args is None else args)
     description = project_description(__package__) if shows_help else None
-    top = {"prog": program(), "description": description, "exit_on_error": False}
+    top = {"prog": program(), "description": description, "exit_on_error": False, "allow_abbrev": False}
     evaluations = ("fit", "validate", "test", "predict")
     return ProjectCLI(
         None,  # the model and data classes: the ones the config names (subclass mode)

@@ -26,8 +26,9 @@ FORMATS = {".onnx": "onnx", ".pt2": "torch.export", ".pt": "torchscript"}
 
 def load_for_inference(ckpt_path: str, options: list[str] = ()) -> tuple[L.LightningModule, torch.Tensor]:
     """The model of a checkpoint in eval mode, built from its run's config, and its sample input."""
-    from .cli import build_cli
+    from .cli import build_cli, quiet_third_party_notices
 
+    quiet_third_party_notices()
     run_config = Path(ckpt_path).resolve().parent.parent / "config.yaml"
     config = ["-c", str(run_config)] if run_config.is_file() else []
     quiet = ["--trainer.logger=false", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]

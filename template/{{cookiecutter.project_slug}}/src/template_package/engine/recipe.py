@@ -54,8 +54,11 @@ def set_schedule_lengths(trainer: L.Trainer) -> None:
         if schedule.total_steps is not None:
             continue
         total_steps = trainer.estimated_stepping_batches  # max_steps, or epochs x ceil(batches / accumulation)
-        if total_steps == float("inf"):
-            raise UsageError("the warmup-cosine schedule needs a finite run: set trainer.max_epochs or max_steps")
+        if total_steps == float("inf") or total_steps < 1:  # (-1: a train loader without a length and no max_steps)
+            raise UsageError(
+                "the warmup-cosine schedule needs the run's length in optimizer steps: set trainer.max_steps (a train "
+                "loader without a length, such as an iterable dataset's, cannot give it), or a finite max_epochs"
+            )
         try:
             schedule.set_total_steps(int(total_steps))
         except ValueError as mistake:  # a warmup longer than the run

@@ -12,7 +12,6 @@ and draws the same random numbers for them.
 Depends on torch and numpy only.
 """
 
-import contextlib
 import contextvars
 import random
 from collections.abc import Iterator
@@ -93,8 +92,11 @@ class SeededSamples(Dataset):
 
     Torchvision's random transforms, `torch.randint`, `random.random()` and `np.random.rand()` in `__getitem__` then
     draw the same numbers for a sample whether it is read in the main process or a worker, in a run that never stopped
-    or one resumed anywhere. In the main process the generators are restored after each sample, so the model's own
-    draws (dropout) see no difference; a worker process draws from them for nothing else.
+    or one resumed anywhere. A worker process draws from them for nothing else. In the main process (num_workers 0)
+    torch's and Python's generators are restored after each sample, so the model's own draws (dropout) see no
+    difference; NumPy's is left as the last sample seeded it (restoring it costs ~70 us a sample, four times the rest),
+    which keeps a run exact: the same samples are read in the same order in a resumed run, and its state is saved
+    with the others. Costs, measured: ~13 us a sample in a worker, ~26 us in the main process.
     """
 
     def __init__(self, dataset: Dataset, seed: int) -> None:
@@ -111,26 +113,19 @@ class SeededSamples(Dataset):
             if torch.utils.data.get_worker_info() is not None:
                 seed_generators(seed)
                 return self.dataset[index]
-            with restored_generators():
-                seed_generators(seed)
+            torch_state, python_state = torch.get_rng_state(), random.getstate()
+            seed_generators(seed)
+            try:
                 return self.dataset[index]
+            finally:
+                torch.set_rng_state(torch_state)
+                random.setstate(python_state)
         finally:
             _SAMPLE_SEED.reset(token)
 
 
 def seed_generators(seed: int) -> None:
-    torch.manual_seed(seed)
+    """Torch's CPU generator (torch.manual_seed also seeds every accelerator: 100 times slower), Python's, NumPy's."""
+    torch.default_generator.manual_seed(seed)
     random.seed(seed)
     np.random.seed(seed % 2**32)
-
-
-@contextlib.contextmanager
-def restored_generators() -> Iterator[None]:
-    """Torch's CPU, Python's and NumPy's global generators as they were before the block."""
-    states = torch.get_rng_state(), random.getstate(), np.random.get_state()
-    try:
-        yield
-    finally:
-        torch.set_rng_state(states[0])
-        random.setstate(states[1])
-        np.random.set_state(states[2])

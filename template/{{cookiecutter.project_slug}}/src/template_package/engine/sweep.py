@@ -61,7 +61,7 @@ class SweepSettings:
     seed: int = 0  # the sampler's seed: the same command gives the same trials
     metric: str | None = None  # what a trial is worth, its best value over its validations; None: checkpoint.monitor
     direction: str | None = None  # maximize or minimize; None: from checkpoint.mode
-    pruning: bool = True  # stop a trial below the median of the earlier trials at the same epoch
+    pruning: bool = True  # stop a trial worse than the median of the earlier trials at the same epoch
     space: dict = field(default_factory=dict)  # fit option: {type: float|int|categorical, low, high, log, choices}
 
     @property
