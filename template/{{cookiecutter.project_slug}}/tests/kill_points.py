@@ -1,7 +1,9 @@
 """A test-only callback that freezes training at a chosen point, so a test can SIGKILL or signal the process there.
 
 It writes `marker` and stops the process with SIGSTOP: the test sees the marker and kills it from outside, the way
-a crash or an out-of-memory kill would. Used by test_resume.py through `--trainer.callbacks+=`.
+a crash or an out-of-memory kill would. With `until_signal` it waits, running, until a stop signal has reached it
+instead: a stopped process is continued by whoever sends it SIGTERM (slurmstepd sends SIGCONT first), so a signal
+sent to a frozen process could land a step later. Used by test_resume.py through `--trainer.callbacks+=`.
 """
 
 import os
@@ -24,10 +26,16 @@ class FreezeAt(Callback):
     """
 
     def __init__(
-        self, marker: str, hook: str, step: int = 0, batch_idx: int | None = None, flush_logs: bool = False
+        self,
+        marker: str,
+        hook: str,
+        step: int = 0,
+        batch_idx: int | None = None,
+        flush_logs: bool = False,
+        until_signal: bool = False,
     ) -> None:
         self.marker, self.hook, self.step, self.batch_idx = Path(marker), hook, step, batch_idx
-        self.flush_logs = flush_logs
+        self.flush_logs, self.until_signal = flush_logs, until_signal
 
     def _freeze(self, trainer: L.Trainer) -> None:
         from template_package.engine.resume import LastCheckpoint
@@ -40,7 +48,14 @@ class FreezeAt(Callback):
                 logger.save()
         self.marker.write_text(str(os.getpid()))
         self.hook = "done"
-        os.kill(os.getpid(), signal.SIGSTOP)
+        if not self.until_signal:
+            os.kill(os.getpid(), signal.SIGSTOP)
+            return
+        from template_package.engine.stop_signals import STOP_SIGNALS
+
+        deadline = time.monotonic() + 300
+        while STOP_SIGNALS.received is None and time.monotonic() < deadline:
+            time.sleep(0.01)
 
     def _maybe_freeze(self, trainer: L.Trainer, hook: str, batch_idx: int | None = None) -> None:
         if hook != self.hook or trainer.global_step < self.step or not trainer.is_global_zero:

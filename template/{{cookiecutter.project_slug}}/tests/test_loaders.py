@@ -1,6 +1,9 @@
 """Train loaders that resume exactly for any map-style dataset (engine/loaders.py): the user's plain DataLoader or
 StatefulDataLoader is rebuilt by the engine; one the engine cannot make exact gets one notice that says so."""
 
+import random
+
+import numpy as np
 import pytest
 import torch
 from conftest import QUICK, cli, extra_config
@@ -76,6 +79,33 @@ def test_sample_seed_is_the_seed_of_the_sample_being_read():
     assert seeds[0] == seeds[1] != seeds[2]
     with pytest.raises(RuntimeError, match="only while the engine's train loader reads a sample"):
         sample_seed()
+
+
+def test_reading_in_the_main_process_leaves_the_global_generators_as_they_were():
+    """With 0 workers the samples are read in the training process: its generators (dropout's, NumPy's in a step, the
+    states a checkpoint saves) must come out of a batch as they went in, as with workers, for the same bits."""
+
+    class Draws(torch.utils.data.Dataset):
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, index):
+            return torch.rand(1).item(), random.random(), np.random.rand()
+
+    torch.manual_seed(1), random.seed(1), np.random.seed(1)
+    before = torch.get_rng_state(), random.getstate(), np.random.get_state()
+
+    def read(workers: int) -> list:  # (the loader's own base seed drawn from a generator of its own)
+        samples = SeededSamples(Draws(), seed=5)
+        sampler = EpochShuffleSampler(4, seed=5, with_epoch=True)
+        loader = DataLoader(samples, sampler=sampler, batch_size=2, num_workers=workers, generator=torch.Generator())
+        return list(loader)
+
+    in_main = read(workers=0)
+    assert torch.equal(torch.get_rng_state(), before[0]) and random.getstate() == before[1]
+    assert np.array_equal(np.random.get_state()[1], before[2][1]) and np.random.get_state()[2] == before[2][2]
+    in_workers = read(workers=2)
+    assert all(torch.equal(a, b) for x, y in zip(in_main, in_workers, strict=True) for a, b in zip(x, y, strict=True))
 
 
 def weights_with_workers(tmp_path, counts: tuple[int, ...]) -> dict[int, dict[str, torch.Tensor]]:

@@ -148,10 +148,12 @@ def uninterrupted_job(slurm, tmp_path_factory) -> Path:
 def test_a_preempted_job_is_requeued_and_ends_like_the_job_that_was_not(
     slurm, uninterrupted_job, tmp_path, signal_name, exit_code
 ):
-    """Rank 0 is frozen at step 12 so the signal lands at a known step; `scancel --signal` reaches both tasks, which
-    save step 12 and exit with 128 + the signal; the script requeues the job, which resumes and completes."""
+    """Rank 0 waits at step 12 until the signal has reached it, so it lands at a known step; `scancel --signal`
+    reaches both tasks, which save step 12 and exit with 128 + the signal; the script requeues the job, which resumes
+    and completes."""
     run_dir = tmp_path / "run"
-    job_id = submit(slurm, run_dir, "-c", freeze_config(tmp_path, hook="on_train_batch_end", step=12))
+    freeze = freeze_config(tmp_path, hook="on_train_batch_end", step=12, until_signal=True)
+    job_id = submit(slurm, run_dir, "-c", freeze)
     marker = tmp_path / "frozen"
     deadline = time.monotonic() + 300
     while not marker.exists():
@@ -159,27 +161,12 @@ def test_a_preempted_job_is_requeued_and_ends_like_the_job_that_was_not(
         time.sleep(0.1)
     started = time.monotonic()
     assert _run(["scancel", "--signal", signal_name, job_id], slurm).returncode == 0
-    rank_0 = int(marker.read_text())
-    wait_until_pending(rank_0, getattr(signal, f"SIG{signal_name}"))  # slurmd delivers it a moment later
-    os.kill(rank_0, signal.SIGCONT)  # rank 0 takes the signal as it goes on, at step 12
     fields = wait_for_job(slurm, job_id, {"COMPLETED", "FAILED", "CANCELLED"})
     log = Path(f"{run_dir}.log").read_text()
     assert fields["JobState"] == "COMPLETED" and fields["Restarts"] == "1", log[-3000:]
     print(f"preempted with {signal_name}: signal to completed after one requeue in {time.monotonic() - started:.1f} s")
     assert f"stopped by SIG{signal_name}: {run_dir / 'checkpoints' / 'last.ckpt'} holds step 12" in log
     assert_same_run(uninterrupted_job, run_dir)
-
-
-def wait_until_pending(pid: int, signum: int) -> None:
-    """Until the stopped process `pid` holds `signum`, delivered but not yet handled."""
-    deadline = time.monotonic() + 30
-    while True:
-        status = Path(f"/proc/{pid}/status").read_text()
-        pending = int(re.search(r"ShdPnd:\s*([0-9a-f]+)", status).group(1), 16)
-        if pending & (1 << (signum - 1)):
-            return
-        assert time.monotonic() < deadline, f"signal {signum} never reached process {pid}"
-        time.sleep(0.02)
 
 
 def test_a_dead_task_leaves_no_survivor_hanging(slurm, tmp_path):
