@@ -93,31 +93,6 @@ class KillRankAt(Callback):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
-class Disable(Callback):
-    """Switches off one piece of the exact-resume machinery in this process, to show that the resume tests fail
-    without it (tests/test_controls.py). Given to the resumed run only, through `--config`:
-
-    rng_restore: ResumableRNGState does not restore the random states; loader_state: the loader does not restore its
-    position; sampler_epoch: the engine's train loader starts at epoch 0's order, whatever the epoch.
-    """
-
-    def __init__(self, mechanism: str) -> None:
-        from torchdata.stateful_dataloader import StatefulDataLoader
-
-        from template_package.engine import loaders
-        from template_package.engine.resume import ResumableRNGState
-
-        if mechanism == "rng_restore":
-            ResumableRNGState.on_train_start = lambda self, trainer, pl_module: None
-        elif mechanism == "loader_state":
-            StatefulDataLoader.load_state_dict = lambda self, state_dict: None
-        elif mechanism == "sampler_epoch":
-            rebuild = loaders.resumable_loader
-            loaders.resumable_loader = lambda loader, seed, epoch, *args: rebuild(loader, seed, 0, *args)
-        else:
-            raise ValueError(f"unknown mechanism {mechanism!r}")
-
-
 class Say(Callback):
     """Prints `text` to stderr the first time `hook` runs (marks a moment in a run's output)."""
 

@@ -3,19 +3,39 @@ fail. Proof that the resume tests can fail, and that each piece is needed."""
 
 import pytest
 import torch
-from conftest import extra_config
-from test_resume import KILL_POINTS, assert_same_run, finish, freeze_config, kill_when_frozen, reference_run, start_fit
+from test_resume import (
+    KILL_POINTS,
+    assert_same_run,
+    freeze_config,
+    kill_when_frozen,
+    reference_run,
+    resume_fit,
+    start_fit,
+)
 
 pytestmark = pytest.mark.slow
 
 
-def killed_then_resumed_without(tmp_path, args: list[str], mechanism: str, **kill_point):
-    """Kill a run at `kill_point`, resume it with `mechanism` switched off; returns its run directory."""
+def killed_then_resumed_without(tmp_path, monkeypatch, args: list[str], mechanism: str, **kill_point):
+    """Kill a run at `kill_point`, resume it in this process with `mechanism` switched off; returns its run directory.
+
+    rng_restore: ResumableRNGState does not restore the random states; loader_state: the loader does not restore its
+    position; sampler_epoch: the engine's train loader starts at epoch 0's order, whatever the epoch."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    from template_package.engine import loaders
+    from template_package.engine.resume import ResumableRNGState
+
     run_dir = tmp_path / "run"
     kill_when_frozen(start_fit(run_dir, "-c", freeze_config(tmp_path, **kill_point), *args), tmp_path / "frozen")
-    disable = {"class_path": "kill_points.Disable", "init_args": {"mechanism": mechanism}}
-    finish(start_fit(run_dir, "--ckpt_path=last", "-c", extra_config(tmp_path / "disable.yaml", callbacks=[disable]),
-                     *args))  # fmt: skip
+    if mechanism == "rng_restore":
+        monkeypatch.setattr(ResumableRNGState, "on_train_start", lambda self, trainer, pl_module: None)
+    elif mechanism == "loader_state":
+        monkeypatch.setattr(StatefulDataLoader, "load_state_dict", lambda self, state_dict: None)
+    else:
+        rebuild = loaders.resumable_loader
+        monkeypatch.setattr(loaders, "resumable_loader", lambda loader, seed, epoch, *a: rebuild(loader, seed, 0, *a))
+    resume_fit(run_dir, *args)
     return run_dir
 
 
@@ -26,9 +46,9 @@ def killed_then_resumed_without(tmp_path, args: list[str], mechanism: str, **kil
      ("sampler_epoch", [], "mid_second_epoch")],
     ids=["rng_restore", "loader_state", "sampler_epoch"],
 )  # fmt: skip
-def test_without_it_a_resumed_run_is_not_exact(tmp_path, tmp_path_factory, mechanism, args, kill_point):
+def test_without_it_a_resumed_run_is_not_exact(tmp_path, tmp_path_factory, monkeypatch, mechanism, args, kill_point):
     reference = reference_run(tmp_path_factory, args)
-    run_dir = killed_then_resumed_without(tmp_path, args, mechanism, **KILL_POINTS[kill_point])
+    run_dir = killed_then_resumed_without(tmp_path, monkeypatch, args, mechanism, **KILL_POINTS[kill_point])
     with pytest.raises(AssertionError):
         assert_same_run(reference, run_dir)
 
