@@ -1,11 +1,9 @@
-"""`python -m template_package.engine.export` writes a model whose outputs match the LightningModule's."""
-
-import subprocess
-import sys
+"""`python -m template_package export` (run in this process) writes a model whose outputs match the
+LightningModule's."""
 
 import pytest
 import torch
-from conftest import QUICK, cli, subprocess_env
+from conftest import QUICK, cli
 
 from template_package.engine.export import load_for_inference, run_exported
 
@@ -17,34 +15,24 @@ def checkpoint(tmp_path_factory) -> str:
     return str(run_dir / "checkpoints" / "last.ckpt")
 
 
-def export_command(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "template_package.engine.export", *args],
-        env=subprocess_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-
-
 @pytest.mark.parametrize(
     "suffix, fmt", [(".pt2", "torch.export"), (".pt", "torchscript"), (".onnx", "onnx")], ids=["export", "ts", "onnx"]
 )
-def test_exported_model_matches_the_lightning_module(checkpoint, tmp_path, suffix, fmt):
+def test_exported_model_matches_the_lightning_module(checkpoint, tmp_path, capsys, suffix, fmt):
     if fmt == "onnx":
         pytest.importorskip("onnxscript", reason="the onnx extra is not installed")
         pytest.importorskip("onnxruntime", reason="the onnx extra is not installed")
     output = tmp_path / f"model{suffix}"
-    result = export_command(f"--ckpt_path={checkpoint}", f"--output={output}")
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert f"exported {output} ({fmt})" in result.stdout
+    cli("export", f"--ckpt_path={checkpoint}", f"--output={output}")
+    assert f"exported {output} ({fmt})" in capsys.readouterr().out
     model, _ = load_for_inference(checkpoint)
     images = torch.rand(7, 1, 8, 8)  # a batch size the export never saw
     with torch.no_grad():
         torch.testing.assert_close(run_exported(output, fmt, images), model(images), atol=1e-5, rtol=1e-5)
 
 
-def test_unknown_suffix_is_refused(checkpoint, tmp_path):
-    result = export_command(f"--ckpt_path={checkpoint}", f"--output={tmp_path / 'model.bin'}")
-    assert result.returncode != 0
-    assert "has no known suffix: use .onnx, .pt2 or .pt" in result.stderr
+def test_unknown_suffix_is_refused(checkpoint, tmp_path, capsys):
+    with pytest.raises(SystemExit) as stop:
+        cli("export", f"--ckpt_path={checkpoint}", f"--output={tmp_path / 'model.bin'}")
+    assert stop.value.code == 2
+    assert "has no known suffix: use .onnx, .pt2 or .pt" in capsys.readouterr().err

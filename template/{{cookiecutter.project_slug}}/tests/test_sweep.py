@@ -48,14 +48,14 @@ def study_of(folder: Path) -> list[tuple]:
 @pytest.fixture(scope="module")
 def uninterrupted_sweep(tmp_path_factory) -> tuple[Path, str]:
     folder = tmp_path_factory.mktemp("sweep") / "uninterrupted"
-    return folder, finish_sweep(start_sweep(folder, 3))
+    return folder, finish_sweep(start_sweep(folder, 2))
 
 
 @pytest.mark.slow
-def test_a_sweep_runs_its_trials_as_run_directories_and_says_what_it_found(uninterrupted_sweep, tmp_path):
+def test_a_sweep_runs_its_trials_as_run_directories_and_says_what_it_found(uninterrupted_sweep, tmp_path, capsys):
     folder, out = uninterrupted_sweep
     trials = study_of(folder)
-    assert [number for number, *_ in trials] == [0, 1, 2]
+    assert [number for number, *_ in trials] == [0, 1]
     assert all(state in ("COMPLETE", "PRUNED") for *_, state, _ in trials)
     for number, params, value, state, values in trials:
         run_dir = folder / f"trial-{number}"
@@ -77,10 +77,9 @@ def test_a_sweep_runs_its_trials_as_run_directories_and_says_what_it_found(unint
     assert fit.model.hparams.lr == best[1]["model.lr"] and fit.trainer.global_step == 12
     # The same command again shows the results only. (Options are read in order, later ones win: after the config
     # file, whose sweep.dir and n_trials would otherwise run its 20 trials in runs/sweep.)
-    again = subprocess.run([sys.executable, "-m", "template_package", "sweep", "-c", SWEEP_YAML,
-                            f"--sweep.dir={folder}", "--sweep.n_trials=0"], cwd=tmp_path, capture_output=True,
-                           text=True, env=subprocess_env())  # fmt: skip
-    assert again.returncode == 0 and f"best: trial {best[0]}" in again.stdout
+    capsys.readouterr()
+    cli("sweep", "-c", SWEEP_YAML, f"--sweep.dir={folder}", "--sweep.n_trials=0")
+    assert f"best: trial {best[0]}" in capsys.readouterr().out
     assert study_of(folder) == trials
 
 
@@ -92,7 +91,7 @@ def test_a_sweep_killed_at_any_moment_and_run_again_ends_with_the_same_study(uni
     same trials is part of it."""
     reference, _ = uninterrupted_sweep
     folder = tmp_path / "sweep"
-    process = start_sweep(folder, 3)
+    process = start_sweep(folder, 2)
     deadline = time.monotonic() + 300
     while not (folder / "trial-1" / "checkpoints" / "last.ckpt").exists():
         assert process.poll() is None and time.monotonic() < deadline, process.communicate()[1][-3000:]
@@ -100,7 +99,7 @@ def test_a_sweep_killed_at_any_moment_and_run_again_ends_with_the_same_study(uni
     os.killpg(process.pid, signal.SIGKILL)
     process.wait()
     assert [state for *_, state, _ in study_of(folder)] == ["COMPLETE", "RUNNING"]
-    finish_sweep(start_sweep(folder, 3))
+    finish_sweep(start_sweep(folder, 2))
     assert study_of(folder) == study_of(reference)
     log = (folder / "trial-1" / "fit.log").read_text()
     assert log.count("starting a fresh run") == 1 and "Restoring states from the checkpoint path" in log
