@@ -172,7 +172,7 @@ def test_a_disk_that_fills_up_mid_run_keeps_the_last_good_state(tmp_path, tmp_pa
     assert "Traceback" not in err
     assert last.read_bytes() == good and not list(last.parent.glob("*.tmp"))
     filler.unlink()
-    finish(start_fit(run_dir, "--ckpt_path=last"))
+    resume_fit(run_dir)
     assert_same_run(reference_run(tmp_path_factory, []), run_dir)
 
 

@@ -240,7 +240,7 @@ def test_ddp_two_processes_resume_bit_identical(tmp_path, tmp_path_factory):
 # place before its previous step was logged lost that step (test_cli.py).
 @pytest.mark.parametrize("precision", ["32-true"])  # (bf16-mixed: killed at fixed points, test_variants_...)
 def test_random_kills_then_resume_end_bit_identical(tmp_path, tmp_path_factory, precision):
-    """The outside harness: SIGKILL at random moments of training, three times, resuming after each."""
+    """The outside harness: SIGKILL at random moments of training, twice, resuming after each."""
     import random
 
     args = [f"--trainer.precision={precision}", "--trainer.max_epochs=6", "--last_checkpoint.every_n_steps=3"]
@@ -249,7 +249,7 @@ def test_random_kills_then_resume_end_bit_identical(tmp_path, tmp_path_factory, 
     seed = os.environ.get("KILL_SEED", precision)  # vary it to try other kill moments
     rng = random.Random(seed)
     kills = 0
-    for _ in range(3):
+    while kills < 2:
         starts = len(list(run_dir.glob("events.out.tfevents.*")))
         process = start_fit(run_dir, "--ckpt_path=last", *args)
         while len(list(run_dir.glob("events.out.tfevents.*"))) == starts and process.poll() is None:
@@ -258,9 +258,9 @@ def test_random_kills_then_resume_end_bit_identical(tmp_path, tmp_path_factory, 
         print(f"kill seed {seed!r}: SIGKILL {delay:.3f} s after training started")
         time.sleep(delay)
         if process.poll() is not None:
-            break
+            break  # it finished training before the kill (the assert below says so)
         kill_group(process)
         kills += 1
+    assert kills == 2, f"the run ended before kill {kills + 1}: try shorter delays"
     resume_fit(run_dir, *args)
-    assert kills >= 2
     assert_same_run(reference, run_dir)
