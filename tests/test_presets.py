@@ -38,6 +38,7 @@ def test_preset_bakes_a_complete_clean_project(baked):
     assert len(list((project / "src" / package).iterdir())) == 4  # __init__, __main__, the engine and one task
     assert not (project / "src" / "template_package").exists()
     assert not [p for p in files if "__pycache__" in p.parts or (p.suffix == ".ckpt" and p.parent.name != "fixtures")]
+    assert not [p for p in project.rglob("*") if p.is_dir() and not any(p.iterdir())], "an empty folder"
     for option, paths in OPTIONAL_FILES.items():
         for relative in paths:
             assert (project / relative).is_file() == (context[option] == "yes"), relative

@@ -54,6 +54,9 @@ def finish_project(root: Path, package: str, options: dict[str, str]) -> None:
         if options[option] != "yes":
             for relative in paths:
                 remove(root / relative)
+    for folder in (root / "scripts", root / ".github"):  # left empty by an option answered "no"
+        if folder.is_dir() and not any(folder.rglob("*.*")):
+            shutil.rmtree(folder)
     placeholder_dir = root / "src" / PLACEHOLDER
     package_dir = placeholder_dir if placeholder_dir.is_dir() else root / "src" / package
     keep_task(root, package_dir, options["task"])
