@@ -55,7 +55,7 @@ def finish_project(root: Path, package: str, options: dict[str, str]) -> None:
             for relative in paths:
                 remove(root / relative)
     for folder in (root / "scripts", root / ".github"):  # left empty by an option answered "no"
-        if folder.is_dir() and not any(folder.rglob("*.*")):
+        if folder.is_dir() and not any(path.is_file() for path in folder.rglob("*")):
             shutil.rmtree(folder)
     placeholder_dir = root / "src" / PLACEHOLDER
     package_dir = placeholder_dir if placeholder_dir.is_dir() else root / "src" / package

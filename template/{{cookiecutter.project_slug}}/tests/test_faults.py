@@ -326,21 +326,7 @@ def test_a_finished_run_says_what_it_got_and_where_it_is(run_dir, capsys):
     assert f"tensorboard --logdir {run_dir}" in out
 
 
-def help_text(*args: str, task: list[str]) -> str:
-    """What `python -m template_package ARGS` prints, run in this process (its usage line names pytest, not the
-    package: that line is checked on the top-level help, in a process of its own)."""
-    import contextlib
-    import io
-
-    from conftest import cli
-
-    printed = io.StringIO()
-    with contextlib.redirect_stdout(printed), pytest.raises(SystemExit):
-        cli(*args, task=task)
-    return printed.getvalue()
-
-
-def test_help_tells_the_truth():
+def test_help_tells_the_truth(capsys):
     """`--help` says how the command is started, what the project is, every subcommand (the tools too), and for fit
     the options of the model and data classes the config names, each with its help text."""
     from conftest import cli_subprocess
@@ -356,7 +342,9 @@ def test_help_tells_the_truth():
                                     ("sweep", "Search hyperparameters"), ("export", "Export a checkpoint"),
                                     ("grad_norms", "Print the gradient norms")]:  # fmt: skip
         assert f"{subcommand}  " in top and description in top, subcommand
-    fit_help = help_text("fit", "--help", task=[])
+    with pytest.raises(SystemExit):  # in this process (its usage line names pytest: checked above, in a child)
+        cli("fit", "--help", task=[])
+    fit_help = capsys.readouterr().out
     assert "os.getcwd()" not in fit_help and "default: runs/default" in fit_help
     assert "last: resume the run from its checkpoints/last.ckpt" in fit_help
     assert "lacks type and help" not in fit_help
