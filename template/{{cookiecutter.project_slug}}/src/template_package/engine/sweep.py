@@ -4,32 +4,40 @@ preemption.
     python -m template_package sweep -c configs/sweep.yaml --sweep.dir runs/sweep1 --sweep.n_trials 20 [fit options]
 
 The search space is the `sweep.space` section of a config file (configs/sweep.yaml); the study lives in
-`DIR/study.db` (SQLite) or any database URL (`--sweep.storage postgresql://...`, so that several machines running the
-same command share one study). Each trial is an ordinary run directory `DIR/trial-<number>`, trained by a `fit`
-process of its own (so DDP works inside a trial), which `validate` and `test` accept like any run.
+`DIR/study.db` (SQLite, the processes of one machine) or in a PostgreSQL database
+(`--sweep.storage postgresql+psycopg://USER@HOST:PORT/DATABASE`), which processes on several machines running the same
+command share, each with a `--sweep.dir` of its own: no shared filesystem is needed (shared_study.py says how they
+agree). Each trial is an ordinary run directory `DIR/trial-<number>`, trained by a `fit` process of its own (so DDP
+works inside a trial), which `validate` and `test` accept like any run, and which dies with the sweep (Linux).
 
 What Optuna alone does not do here:
 - Preemption. SIGKILL the sweep at any moment and run the same command again: the trial that was running resumes
   from its own last.ckpt (`fit --ckpt_path last`), and the finished study equals the one an uninterrupted sweep makes.
-  A trial belongs to the process that holds `DIR/trial-<n>/.sweep.lock`; a running trial whose lock is free lost its
-  process and is taken over. SIGTERM, SIGUSR1 and Ctrl-C reach the trial's `fit`, which saves and exits with 143,
-  138 or 130; so does the sweep.
+  A trial belongs to the process that holds `DIR/trial-<n>/.sweep.lock`, and with a database server also records its
+  heartbeats: one whose process died is taken over, by a process on another machine too (from the start there,
+  unless DIR is shared). SIGTERM, SIGUSR1 and Ctrl-C reach the trial's `fit`, which saves and exits with 143, 138 or
+  130; so does the sweep.
 - Repeatable trials: TPE draws from a generator seeded with (`sweep.seed`, trial number), not once per process, so
   the same command gives the same trials, after a restart too.
 - Parallel sweeps that agree on the count: the same command in several processes splits `n_trials` between them,
-  asking for a new trial only under `DIR/.sweep.lock`.
+  asking for a new trial only under a lock on the study (`DIR/.sweep.lock`, or the database's own). With a database
+  server, a process whose work is done waits for the trials still running elsewhere, to finish any whose process dies.
 - Pruning that stops cleanly (`ReportToTrial`). optuna-integration's PyTorchLightningPruningCallback raises
   TrialPruned out of `trainer.fit`: the trial ends without its final checkpoint and its process fails like a crash;
   it needs the study object in the training process; and a trial resumed after its pruning decision trains on.
 
 At the end, and with `--sweep.n_trials 0`: a table of the trials, `DIR/best.yaml` (the best trial's config, a preset
-for `fit -c DIR/best.yaml`), `DIR/history.png` and `DIR/importances.png`. Needs `pip install -e ".[sweep]"`.
+for `fit -c DIR/best.yaml`, kept in the study: written wherever the best trial ran), `DIR/history.png` and
+`DIR/importances.png`. Needs `pip install -e ".[sweep]"` (Optuna, matplotlib, psycopg).
 """
 
 import contextlib
+import ctypes
 import inspect
 import io
+import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -44,7 +52,8 @@ from lightning.pytorch.callbacks import Callback
 
 from .cli_help import program
 from .errors import UsageError
-from .run_lock import RunDirectoryBusy, RunLock
+from .run_lock import RunLock
+from .shared_study import OWNER, Ownership, StudyLock, hidden_password, open_storage, translated_errors, try_acquire
 
 PACKAGE = __name__.rsplit(".", 1)[0]
 DISTRIBUTIONS = ("float", "int", "categorical")
@@ -57,7 +66,8 @@ class SweepSettings:
 
     dir: str = "runs/sweep"  # DIR/trial-<number> run directories, study.db, best.yaml
     n_trials: int = 20  # trials in the whole study, whichever process runs them
-    storage: str | None = None  # a database URL; default sqlite:///DIR/study.db
+    storage: str | None = None  # default sqlite:///DIR/study.db; postgresql+psycopg://USER@HOST:PORT/DB for machines
+    heartbeat: int = 60  # seconds between a trial's signs of life in a database server; silent 2x as long: taken over
     seed: int = 0  # the sampler's seed: the same command gives the same trials
     metric: str | None = None  # what a trial is worth, its best value over its validations; None: checkpoint.monitor
     direction: str | None = None  # maximize or minimize; None: from checkpoint.mode
@@ -81,9 +91,10 @@ def main(argv: list[str]) -> None:
     try:
         settings, fit_args = parse(argv)
         follow_the_checkpoint(settings, fit_config(settings, fit_args))
-        study = open_study(settings)
-        Sweep(settings, fit_args, study).run()
-    except SweepError as error:
+        lock = StudyLock(settings.storage_url, Path(settings.dir))
+        study = open_study(settings, lock)
+        Sweep(settings, fit_args, study, lock).run()
+    except UsageError as error:  # a SweepError, or a StudyStorageError
         raise SystemExit(f"error: {error}") from None
     print(results(study, settings))
 
@@ -137,6 +148,8 @@ def read_config(path: str) -> dict:
 def check_settings(settings: SweepSettings) -> None:
     if not isinstance(settings.n_trials, int) or settings.n_trials < 0:
         raise SweepError(f"sweep.n_trials={settings.n_trials!r} must be a whole number >= 0 (0 shows the results)")
+    if not isinstance(settings.heartbeat, int) or isinstance(settings.heartbeat, bool) or settings.heartbeat < 1:
+        raise SweepError(f"sweep.heartbeat={settings.heartbeat!r} must be a whole number of seconds >= 1")
     if settings.direction not in ("maximize", "minimize", None):
         raise SweepError(f"sweep.direction={settings.direction!r}: use maximize or minimize")
     if not isinstance(settings.space, dict):
@@ -209,28 +222,33 @@ def first_value(spec: dict):
     return spec["choices"][0] if spec["type"] == "categorical" else spec["low"]
 
 
-def open_study(settings: SweepSettings) -> optuna.Study:
+def open_study(settings: SweepSettings, lock: StudyLock) -> optuna.Study:
     """Create the study or load it; one line when its database cannot be opened or its settings changed."""
     Path(settings.dir).mkdir(parents=True, exist_ok=True)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
-        with held(RunLock(Path(settings.dir), ".sweep.lock")):  # two sweeps creating one SQLite study collide
+        # Under the study's lock: two sweeps creating one study (its tables) at once collide.
+        with lock.held(), translated_errors(settings.storage_url):
             study = optuna.create_study(
-                storage=settings.storage_url, study_name="sweep", direction=settings.direction, load_if_exists=True,
-                sampler=TrialSeededTPESampler(settings.seed), pruner=pruner(settings.pruning),
+                storage=open_storage(settings.storage_url, settings.heartbeat), study_name="sweep",
+                direction=settings.direction, load_if_exists=True, sampler=TrialSeededTPESampler(settings.seed),
+                pruner=pruner(settings.pruning),
             )  # fmt: skip
+    except UsageError:
+        raise
     except Exception as error:  # noqa: BLE001 - whatever fails to open a database is reported in one line
         reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
-        raise SweepError(f"cannot open the study storage {settings.storage_url} ({reason})") from None
+        raise SweepError(f"cannot open the study storage {hidden_password(settings.storage_url)} ({reason})") from None
     asked = {"space": settings.space, "metric": settings.metric, "direction": settings.direction}
     saved = study.user_attrs.get("sweep")
     if saved is None:
         study.set_user_attr("sweep", asked)
     elif saved != asked:
         changed = next(key for key in asked if asked[key] != saved.get(key))
+        elsewhere = "another --sweep.dir" if settings.storage is None else "another database in --sweep.storage"
         raise SweepError(
-            f"the study in {settings.storage_url} was made with another {changed}, {saved.get(changed)!r}: give "
-            "another --sweep.dir, or the settings it was made with"
+            f"the study in {hidden_password(settings.storage_url)} was made with another {changed}, "
+            f"{saved.get(changed)!r}: give {elsewhere}, or the settings it was made with"
         )
     return study
 
@@ -274,9 +292,10 @@ class Sweep:
 
     STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 
-    def __init__(self, settings: SweepSettings, fit_args: list[str], study: optuna.Study) -> None:
-        self.settings, self.fit_args, self.study = settings, fit_args, study
+    def __init__(self, settings: SweepSettings, fit_args: list[str], study: optuna.Study, lock: StudyLock) -> None:
+        self.settings, self.fit_args, self.study, self.lock = settings, fit_args, study, lock
         self.dir = Path(settings.dir)
+        self.ownership = Ownership(study, self.dir)
         self.fit: subprocess.Popen | None = None
         self.stopped_by: int | None = None
 
@@ -302,21 +321,35 @@ class Sweep:
 
     def _next_trial(self) -> tuple[optuna.Trial, RunLock] | None:
         """A running trial that lost its process, else a new trial while the study has fewer than n_trials; with the
-        trial's lock held. Under DIR/.sweep.lock, so that parallel sweeps agree on the count."""
-        with held(RunLock(self.dir, ".sweep.lock")):
-            for trial in self.study.get_trials(deepcopy=False, states=(RUNNING,)):
-                claim = RunLock(self.dir / f"trial-{trial.number}", ".sweep.lock")
-                if try_acquire(claim):
-                    # Its process may have finished it and let go of it since the list was read: read it again.
-                    if self.study._storage.get_trial(trial._trial_id).state == RUNNING:
-                        return optuna.Trial(self.study, trial._trial_id), claim
-                    claim.release()
-            if len(self.study.get_trials(deepcopy=False)) >= self.settings.n_trials:
+        trial's lock held and, with a database server, its first heartbeat recorded. Under the study's lock, so that
+        parallel sweeps agree on the count. With a server, the trials left running elsewhere are watched until they
+        end: any whose process dies is taken over."""
+        waiting_for = None
+        while True:
+            with self.lock.held():
+                running, stale = self.study.get_trials(deepcopy=False, states=(RUNNING,)), self.ownership.stale_trials()
+                for trial in running:
+                    claim = RunLock(self.dir / f"trial-{trial.number}", ".sweep.lock")
+                    if self.ownership.may_take_over(trial, stale) and try_acquire(claim):
+                        # Its process may have finished it and let go of it since the list was read: read it again.
+                        if self.study._storage.get_trial(trial._trial_id).state == RUNNING:
+                            self.ownership.claim(trial._trial_id)
+                            return optuna.Trial(self.study, trial._trial_id), claim
+                        claim.release()
+                if len(self.study.get_trials(deepcopy=False)) < self.settings.n_trials:
+                    with warnings.catch_warnings():
+                        warnings.filterwarnings("ignore", "Heartbeat of storage")  # heartbeats are ours, not optimize's
+                        trial = self.study.ask()
+                    self.ownership.claim(trial._trial_id)
+                    claim = RunLock(self.dir / f"trial-{trial.number}", ".sweep.lock")
+                    claim.acquire()
+                    return trial, claim
+            if not (self.ownership.heartbeat and running):
                 return None
-            trial = self.study.ask()
-            claim = RunLock(self.dir / f"trial-{trial.number}", ".sweep.lock")
-            claim.acquire()
-            return trial, claim
+            if waiting_for != (numbers := [trial.number for trial in running]):
+                waiting_for = numbers
+                print(f"waiting for trial(s) {', '.join(map(str, numbers))}, running elsewhere (taken over if lost)")
+            time.sleep(self.ownership.heartbeat)
 
     def _run(self, trial: optuna.Trial) -> None:
         """Train the trial with `fit --ckpt_path last` in its run directory, then tell the study what it got."""
@@ -332,13 +365,19 @@ class Sweep:
                    *(f"--{option}={value}" for option, value in params.items())]  # fmt: skip
         started = time.monotonic()
         with (run_dir / "fit.log").open("a") as log:
-            self.fit = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-            code = self.fit.wait()
+            self.fit = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, preexec_fn=dies_with_us())
+            with self.ownership.beating(trial._trial_id):  # a thread: started after the fork, for preexec_fn's sake
+                code = self.fit.wait()
             self.fit = None
         if self.stopped_by is not None or code in (130, 138, 143):
             raise SystemExit(128 + self.stopped_by if self.stopped_by else code)  # saved: the next sweep resumes it
         attrs = self.study._storage.get_trial_user_attrs(trial._trial_id)
         shown = " ".join(f"{option}={format_value(value)}" for option, value in params.items())
+        if self.study._storage.get_trial(trial._trial_id).state != RUNNING:  # a heartbeat came too late
+            print(f"trial {trial.number} ({shown}) was finished meanwhile by another process, whose result stands")
+            return
+        if (run_dir / "config.yaml").is_file():  # for best.yaml, written wherever the results are shown
+            trial.set_user_attr("config", (run_dir / "config.yaml").read_text())
         if code != 0 or "value" not in attrs:
             self.study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
             mistake = last_line(run_dir / "fit.log")
@@ -352,6 +391,22 @@ class Sweep:
             self.study.tell(trial.number, attrs["value"])
             seconds = time.monotonic() - started
             print(f"trial {trial.number} ({shown}): {self.settings.metric} {attrs['value']:.4f} in {seconds:.0f} s")
+
+
+def dies_with_us():
+    """A `preexec_fn` that has the kernel SIGKILL the child when this process dies (Linux's PR_SET_PDEATHSIG): a sweep
+    killed for good leaves no `fit` behind that trains its trial and reports to the study while another process takes
+    the trial over. None elsewhere. (PR_SET_PDEATHSIG follows the thread that forks: the sweep's main thread.)"""
+    if not sys.platform.startswith("linux"):
+        return None
+    prctl, parent = ctypes.CDLL(None, use_errno=True).prctl, os.getpid()
+
+    def set_death_signal() -> None:
+        prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the sweep died between the fork and now
+            os._exit(1)
+
+    return set_death_signal
 
 
 def last_line(path: Path) -> str:
@@ -368,28 +423,6 @@ def suggest(trial: optuna.Trial, option: str, spec: dict):
 
 def format_value(value) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
-
-
-def try_acquire(lock: RunLock) -> bool:
-    try:
-        lock.acquire()
-    except RunDirectoryBusy:
-        return False
-    return True
-
-
-@contextlib.contextmanager
-def held(lock: RunLock, timeout: float = 120):
-    """Wait for `lock` (held by another sweep for the moment it asks for a trial), hold it, release it."""
-    deadline = time.monotonic() + timeout
-    while not try_acquire(lock):
-        if time.monotonic() > deadline:
-            raise SweepError(f"{lock.path} stayed locked for {timeout:.0f} s (by {lock._holder()})")
-        time.sleep(0.05)
-    try:
-        yield
-    finally:
-        lock.release()
 
 
 class ReportToTrial(Callback):
@@ -458,7 +491,7 @@ def results(study: optuna.Study, settings: SweepSettings) -> str:
         value = trial.value if trial.value is not None else trial.user_attrs.get("value")
         rows.append([str(trial.number), *(format_value(trial.params[o]) if o in trial.params else "" for o in options),
                      f"{value:.4f}" if value is not None else "", trial.state.name.lower(),
-                     str(folder / f"trial-{trial.number}")])  # fmt: skip
+                     where_it_ran(trial, folder)])  # fmt: skip
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows]
     if any(trial.state == optuna.trial.TrialState.COMPLETE for trial in trials):
@@ -470,9 +503,21 @@ def results(study: optuna.Study, settings: SweepSettings) -> str:
     return "\n".join(lines)
 
 
+def where_it_ran(trial: optuna.trial.FrozenTrial, folder: Path) -> str:
+    """The trial's run directory: in the DIR of the process that trained it last (with a database server, it may be
+    another's), on the host named when that is not this one."""
+    host, _, owner_dir = trial.system_attrs.get(OWNER, "").partition(" ")
+    if not owner_dir:
+        return str(folder / f"trial-{trial.number}")
+    run_dir = str(Path(owner_dir) / f"trial-{trial.number}")
+    return run_dir if host == socket.gethostname() else f"{host}:{run_dir}"
+
+
 def write_best_preset(folder: Path, best: optuna.trial.FrozenTrial) -> None:
-    """The best trial's own config.yaml, without what belongs to its run directory: a preset for `fit -c`."""
-    config = yaml.safe_load((folder / f"trial-{best.number}" / "config.yaml").read_text())
+    """The best trial's own config.yaml (kept in the study, its run directory may be on another machine), without
+    what belongs to its run directory: a preset for `fit -c`."""
+    saved = best.user_attrs.get("config") or (folder / f"trial-{best.number}" / "config.yaml").read_text()
+    config = yaml.safe_load(saved)
     config.pop("ckpt_path", None)
     trainer = config.setdefault("trainer", {})
     trainer.pop("default_root_dir", None)
