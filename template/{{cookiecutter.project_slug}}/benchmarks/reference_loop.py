@@ -56,8 +56,10 @@ def train_epochs(
     optimizer = torch.optim.AdamW(
         [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}], lr=lr
     )
-    batches = len(loader)
-    total_steps = epochs * math.ceil(batches / accumulate)  # the last window of an epoch may be partial
+    # An epoch is whole accumulation windows: the batches after the last whole one are left out, as the engine's
+    # loader does (its epochs are whole global batches, engine/batch_layout.py).
+    batches = len(loader) // accumulate * accumulate
+    total_steps = epochs * batches // accumulate
     warmup_steps = round(warmup * total_steps) if warmup < 1 else int(warmup)
     autocast_dtype = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(precision)
     # fp16 gradients underflow without loss scaling; bf16 has float32's range and needs none.
@@ -68,13 +70,15 @@ def train_epochs(
         if hasattr(loader.sampler, "set_epoch"):
             loader.sampler.set_epoch(epoch)
         for i, (x, y) in enumerate(loader):
+            if i == batches:
+                break
             x, y = x.to(device, non_blocking=True, memory_format=memory_format), y.to(device, non_blocking=True)
             with torch.autocast(device, dtype=autocast_dtype or torch.float32, enabled=autocast_dtype is not None):
                 loss = F.cross_entropy(net(x), y)
             # Summed over the window, loss / accumulate gives the mean gradient of a full window, as in Lightning.
             scaler.scale(loss / accumulate).backward()
-            if (i + 1) % accumulate != 0 and i + 1 != batches:
-                continue  # inside an accumulation window; the epoch's last batch closes a partial one
+            if (i + 1) % accumulate != 0:
+                continue  # inside an accumulation window
             for group in optimizer.param_groups:
                 group["lr"] = lr * lr_factor(step, warmup_steps, total_steps, min_lr_ratio)
             if clip_norm is not None or grad_norms is not None:

@@ -21,11 +21,16 @@ from template_package.engine.recipe import TrainingRecipe
 SPLITS = {"train": 1257, "val": 270, "test": 270}
 
 
-def stand_in_net(num_classes: int, in_channels: int, dropout: float) -> nn.Module:
-    """Two conv-BN-ReLU blocks, dropout and a linear head on the flattened features."""
+def stand_in_net(num_classes: int, in_channels: int, dropout: float, batch_norm: bool = True) -> nn.Module:
+    """Two conv-BN-ReLU blocks (conv-ReLU without `batch_norm`), dropout and a linear head on the flattened
+    features."""
+
+    def norm(channels: int) -> nn.Module:
+        return nn.BatchNorm2d(channels) if batch_norm else nn.Identity()
+
     return nn.Sequential(
-        nn.Conv2d(in_channels, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU(),
-        nn.Conv2d(16, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU(),
+        nn.Conv2d(in_channels, 16, 3, padding=1, bias=not batch_norm), norm(16), nn.ReLU(),
+        nn.Conv2d(16, 8, 3, padding=1, bias=not batch_norm), norm(8), nn.ReLU(),
         nn.Flatten(), nn.Dropout(dropout), nn.Linear(8 * 8 * 8, num_classes),
     )  # fmt: skip
 

@@ -34,7 +34,8 @@ def killed_then_resumed_without(tmp_path, monkeypatch, args: list[str], mechanis
         monkeypatch.setattr(StatefulDataLoader, "load_state_dict", lambda self, state_dict: None)
     else:
         rebuild = loaders.resumable_loader
-        monkeypatch.setattr(loaders, "resumable_loader", lambda loader, seed, epoch, *a: rebuild(loader, seed, 0, *a))
+        monkeypatch.setattr(loaders, "resumable_loader",
+                            lambda loader, seed, epoch, *a, **kw: rebuild(loader, seed, 0, *a, **kw))  # fmt: skip
     resume_fit(run_dir, *args)
     return run_dir
 

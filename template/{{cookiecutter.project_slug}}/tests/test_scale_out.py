@@ -1,8 +1,7 @@
 """Beyond one process, against the real engines: 2-node torchrun jobs (static and c10d rendezvous, 2 agents on
 127.0.0.1, gloo on CPU) killed and resumed, elastic restarts after one rank is SIGKILLed, a dead rank that leaves no
-survivor hanging, and a resume on another world size, refused in one line."""
+survivor hanging. (A resume on another number of processes: test_elastic.py.)"""
 
-import shutil
 import socket
 import subprocess
 import sys
@@ -10,8 +9,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import PROJECT_ROOT, cli, extra_config, subprocess_env
-from test_resume import BASE, DDP, assert_same_run, freeze_config, reference_run, wait_until_frozen
+from conftest import PROJECT_ROOT, extra_config, subprocess_env
+from test_resume import BASE, assert_same_run, freeze_config, wait_until_frozen
 
 pytestmark = pytest.mark.slow
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
@@ -131,24 +130,3 @@ def test_a_dead_rank_leaves_no_survivor_hanging(tmp_path):
     seconds = ended - float((tmp_path / "killed").read_text())
     print(f"a dead rank: both agents ended {seconds:.1f} s after the kill")
     assert seconds < 30
-
-
-@pytest.mark.parametrize("saved_by, resumed_on", [(2, 1), (1, 2)])
-def test_a_resume_on_another_world_size_is_refused_in_one_line(tmp_path, tmp_path_factory, saved_by, resumed_on):
-    """Each rank's random state and data position, the shard each rank reads and the steps per epoch (the LR schedule)
-    follow from the world size: a run resumed on another cannot go on exactly, so it does not go on."""
-    short = ["--trainer.max_epochs=1", "--trainer.limit_train_batches=5", "--trainer.limit_val_batches=1"]
-    reference = reference_run(tmp_path_factory, [*short, *(DDP if saved_by == 2 else [])])
-    run_dir = tmp_path / "run"
-    shutil.copytree(reference, run_dir)
-    files = lambda: {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file() and p.name != ".lock"}  # noqa: E731
-    before = files()
-    on = [] if resumed_on == 1 else ["--trainer.strategy=ddp", "--trainer.accelerator=cpu", "--trainer.devices=2"]
-    with pytest.raises(SystemExit) as stop:
-        cli("fit", f"--trainer.default_root_dir={run_dir}", "--ckpt_path=last", *short, *on)
-    last = run_dir / "checkpoints" / "last.ckpt"
-    assert str(stop.value.code) == (
-        f"error: --ckpt_path {last} was saved by {saved_by} processes and this run has {resumed_on} "
-        f"(trainer.num_nodes x trainer.devices): resume it on {saved_by}, the only way it goes on exactly"
-    )
-    assert files() == before

@@ -17,6 +17,8 @@ import torch
 from lightning.fabric.plugins.precision.precision import _PRECISION_INPUT
 from lightning.pytorch.cli import LightningArgumentParser
 
+from .batch_layout import saved_layout
+from .errors import UsageError
 from .run_lock import RunDirectoryBusy, RunLock
 
 PRECISIONS = ["auto", *(p for p in get_args(get_args(_PRECISION_INPUT)[1]) if "transformer" not in p)]
@@ -218,17 +220,39 @@ def check_architecture(ckpt_path: str, checkpoint: dict, model: L.LightningModul
         )
 
 
-def check_world_size(ckpt_path: str, checkpoint: dict, world_size: int) -> None:
-    """Refuse to resume a run on another number of processes. Each rank's random state and data position, the shard
-    of every epoch each rank reads and the number of optimizer steps per epoch (so the LR schedule) all follow from
-    the world size: with another one the run goes on, but neither exactly nor on its schedule."""
+def check_world_size(ckpt_path: str, checkpoint: dict, trainer: L.Trainer, allowed: list[str]) -> bool:
+    """Whether the run goes on on another number of processes; a SystemExit with one line when it may not.
+
+    Each rank's random state and data position, and the batches of every optimizer step follow from the world size.
+    With `--allow_change world_size` the run goes on with the same global batch on the new number of processes
+    (batch_layout.py), which the checkpoint's recorded layout makes possible; otherwise it must not change."""
     rng_states = checkpoint.get("rng_states")  # one row per rank (resume.ResumableRNGState)
     saved = len(rng_states["torch"]) if rng_states else None
-    if saved is not None and saved != world_size:
+    world_size = trainer.world_size
+    if saved is None or saved == world_size:
+        return False
+    where = f"--ckpt_path {ckpt_path} was saved by {saved} processes and this run has {world_size}"
+    if "world_size" not in allowed:
         raise SystemExit(
-            f"error: --ckpt_path {ckpt_path} was saved by {saved} processes and this run has {world_size} "
-            f"(trainer.num_nodes x trainer.devices): resume it on {saved}, the only way it goes on exactly"
+            f"error: {where} (trainer.num_nodes x trainer.devices): resume it on {saved}, or add --allow_change "
+            "world_size to go on with the same global batch (README: Resuming on another number of processes)"
         )
+    layout = saved_layout(checkpoint)
+    if layout is None:
+        raise SystemExit(
+            f"error: {where}, and it records no batch layout (its train loader keeps a partial last batch, or it "
+            f"was written by an older version): resume it on {saved}"
+        )
+    if trainer.limit_train_batches != 1.0:
+        raise SystemExit(
+            f"error: {where}, and trainer.limit_train_batches={trainer.limit_train_batches} counts each process's "
+            "batches: leave it out to go on on another number of processes"
+        )
+    try:
+        layout.on(world_size)
+    except UsageError as mistake:
+        raise SystemExit(f"error: {where}: {mistake}") from None
+    return True
 
 
 # Loggers that need an optional dependency, and the extra that brings it.

@@ -37,6 +37,7 @@ from .checks import (
 )
 from .cli_help import TOOLS, ProjectArgumentParser, program, project_description
 from .errors import MACHINE_FAULTS, is_a_users_mistake, one_line, original_error
+from .loaders import ResumableLoaders
 from .monitor import BestCheckpoints, follow_the_monitored_metric
 from .resume import LastCheckpoint
 from .resume_checks import ChangedModelSettings, check_resume_changes, loading_options
@@ -243,7 +244,10 @@ class ProjectCLI(LightningCLI):
             )
             if any(option.startswith("model.") for option in changed):
                 self.trainer.callbacks.append(ChangedModelSettings())
-            check_world_size(config.ckpt_path, self.checkpoint, self.trainer.world_size)
+            if check_world_size(config.ckpt_path, self.checkpoint, self.trainer, allowed):
+                for callback in self.trainer.callbacks:
+                    if isinstance(callback, ResumableLoaders):
+                        callback.world_size_may_change = True
         self._check_architecture()
 
     def after_fit(self) -> None:

@@ -9,9 +9,11 @@ position Lightning saves in every checkpoint, and whose samples are read through
 at an epoch boundary. A TensorDataset is gathered a batch at a time (one index operation instead of a `__getitem__`
 and a stack per sample: ~1 ms, 6% of a digits step on 2 CPU cores).
 
-Validation loaders without a generator get one of their own (see ResumableLoaders). A train loader that cannot be
-made exact this way gets one notice, on rank 0, before the first training batch:
-an iterable dataset without a state of its own, a custom sampler or batch sampler, sampling with replacement.
+With drop_last, an epoch is whole global batches (the samples of one optimizer step on every process), and a run
+may go on on another number of processes (batch_layout.py). Validation loaders without a generator get one of their
+own (see ResumableLoaders). A train loader that cannot be made exact this way gets one notice, on rank 0, before
+the first training batch: an iterable dataset without a state of its own, a custom sampler or batch sampler,
+sampling with replacement.
 Depends on torch, torchdata and lightning.
 """
 
@@ -26,6 +28,9 @@ from torch.utils.data._utils.collate import default_collate
 from torchdata.stateful_dataloader import StatefulDataLoader
 from torchdata.stateful_dataloader import sampler as torchdata_samplers
 
+from .batch_layout import KEY as LAYOUT
+from .batch_layout import BatchLayout, move_progress, saved_layout
+from .errors import UsageError
 from .sampling import EpochShuffleSampler, SeededSamples
 
 # The samplers a DataLoader or StatefulDataLoader makes itself from batch_size and shuffle: torch's and torchdata's.
@@ -58,24 +63,48 @@ def why_not_resumable(loader) -> str | None:
     return None
 
 
-def resumable_loader(loader: DataLoader, seed: int, epoch: int, num_replicas: int = 1, rank: int = 0) -> DataLoader:
+def why_no_layout(loader: DataLoader) -> str | None:
+    """Why the engine cannot lay out a resumable `loader`'s epochs in whole global batches (batch_layout.py), which a
+    run needs to go on on another number of processes; None when it can."""
+    if isinstance(loader.dataset, IterableDataset):
+        return "it reads an iterable dataset"
+    if isinstance(loader.sampler, EpochShuffleSampler):
+        return "it has an EpochShuffleSampler of its own, whose batches the engine leaves as they are"
+    if loader.batch_size is None or not loader.drop_last:
+        return "it keeps a partial last batch (drop_last=False), a global batch of another size"
+    return None
+
+
+def resumable_loader(
+    loader: DataLoader,
+    seed: int,
+    epoch: int,
+    num_replicas: int = 1,
+    rank: int = 0,
+    batch_size: int | None = None,
+    global_batch: int | None = None,
+) -> DataLoader:
     """`loader` rebuilt to resume exactly (see the module docstring), starting at `epoch`'s order; returned as it is
-    when it already resumes exactly or cannot be rebuilt (why_not_resumable)."""
+    when it already resumes exactly or cannot be rebuilt (why_not_resumable). `batch_size`: another batch size than
+    the loader's; `global_batch`: epochs of whole global batches (EpochShuffleSampler), with drop_last only."""
     if why_not_resumable(loader) is not None or isinstance(loader.dataset, IterableDataset):
         return loader
     if isinstance(loader.sampler, EpochShuffleSampler):
         loader.sampler.set_epoch(epoch)
         return loader
     shuffle = type(loader.sampler) in SHUFFLED
-    dataset, batch_size, drop_last = loader.dataset, loader.batch_size, loader.drop_last
+    dataset, drop_last = loader.dataset, loader.drop_last
+    batch_size = batch_size or loader.batch_size
+    global_batch = global_batch if drop_last else None
     batched = isinstance(dataset, TensorDataset) and loader.collate_fn is default_collate and batch_size is not None
     if batched:  # the sampler yields index lists; the dataset gathers each batch in one operation
         sampler = EpochShuffleSampler(len(dataset), seed, batch_size, num_replicas, rank, shuffle=shuffle,
-                                      drop_last=drop_last)  # fmt: skip
+                                      drop_last=drop_last, global_batch=global_batch)  # fmt: skip
         batch_size, drop_last, collate = None, False, None
     else:
         seeded = not isinstance(dataset, TensorDataset)  # (a TensorDataset draws no random numbers)
-        sampler = EpochShuffleSampler(len(dataset), seed, None, num_replicas, rank, with_epoch=seeded, shuffle=shuffle)
+        sampler = EpochShuffleSampler(len(dataset), seed, None, num_replicas, rank, with_epoch=seeded, shuffle=shuffle,
+                                      global_batch=global_batch)  # fmt: skip
         dataset, collate = (SeededSamples(dataset, seed) if seeded else dataset), loader.collate_fn
     sampler.set_epoch(epoch)
     workers = loader.num_workers
@@ -104,10 +133,36 @@ class ResumableLoaders(Callback):
     made: from the global generator, without one. With persistent workers a run that never stopped draws it in the
     sanity check, which Lightning isolates, and a resumed run, which skips the sanity check, at its first validation:
     its random draws then differed from there on, measured with 2 workers.) Added by the engine's Trainer to every
-    run; it wraps the loader methods of the DataModule, or else of the module."""
+    run; it wraps the loader methods of the DataModule, or else of the module.
 
-    def __init__(self) -> None:
+    A train loader with drop_last reads epochs of whole global batches (batch_layout.py), and each checkpoint records
+    its layout: a run resumed on the same number of processes goes on with it, and with `world_size_may_change`
+    (`fit --allow_change world_size`) one resumed on another number goes on with the same global batch, reading on
+    from the global position where it stopped."""
+
+    def __init__(self, world_size_may_change: bool = False) -> None:
+        self.world_size_may_change = world_size_may_change
+        self.layout: BatchLayout | None = None  # the train loader's, None when it keeps a partial last batch
+        self._saved: BatchLayout | None = None  # the resumed checkpoint's
+        self._resume_at: tuple[int, int] | None = None  # (epoch, global position) after a move to another world size
         self._noticed = False
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+        if self.layout is not None:
+            checkpoint[LAYOUT] = self.layout.state()
+
+    def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+        """Before Lightning restores the loops: on another number of processes, their batch counts are rewritten
+        for the new layout (batch_layout.move_progress)."""
+        self._saved, self._resume_at = saved_layout(checkpoint), None
+        if self._saved is None or self._saved.world_size == trainer.world_size:
+            return
+        if not self.world_size_may_change:
+            raise UsageError(
+                f"the checkpoint was saved by {self._saved.world_size} processes and this run has "
+                f"{trainer.world_size}: resume it on {self._saved.world_size}, or with --allow_change world_size"
+            )
+        self._resume_at = move_progress(checkpoint, self._saved, self._saved.on(trainer.world_size))
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage != "fit":
@@ -125,18 +180,40 @@ class ResumableLoaders(Callback):
             return loaders
 
         def train_dataloader():
-            loader = build()
-            reason = why_not_resumable(loader)
-            if reason is not None:
-                self._notice(trainer, reason)
-                return loader
-            epoch = trainer.fit_loop.epoch_progress.current.processed
-            # torch.initial_seed() is the run's seed (seed_everything sets it).
-            return resumable_loader(loader, torch.initial_seed(), epoch, trainer.world_size, trainer.global_rank)
+            return self._train_loader(trainer, build())
 
         owner.train_dataloader = train_dataloader
         if is_overridden("val_dataloader", owner):
             owner.val_dataloader = val_dataloader
+
+    def _train_loader(self, trainer: L.Trainer, loader) -> DataLoader:
+        seed, epoch = torch.initial_seed(), trainer.fit_loop.epoch_progress.current.processed  # (seed_everything's)
+        world_size, rank = trainer.world_size, trainer.global_rank
+        reason = why_not_resumable(loader)
+        if reason is not None:
+            self._notice(trainer, reason)
+        reason = reason or why_no_layout(loader)
+        self.layout = None
+        if reason is not None:
+            if self._resume_at is not None:
+                raise UsageError(f"the train loader cannot go on on another number of processes: {reason}")
+            return resumable_loader(loader, seed, epoch, world_size, rank)
+        asked = (loader.batch_size, trainer.accumulate_grad_batches)
+        self.layout = BatchLayout(world_size, *asked, asked)
+        if self._saved is not None and self._saved.asked == asked:  # the run's own layout, on this world size
+            self.layout = self._saved.on(world_size)
+        elif self._resume_at is not None:
+            raise UsageError(
+                "a run resumed on another number of processes keeps its global batch: leave the batch size and "
+                "trainer.accumulate_grad_batches as they were"
+            )
+        trainer.accumulate_grad_batches = self.layout.accumulate
+        rebuilt = resumable_loader(loader, seed, epoch, world_size, rank, batch_size=self.layout.batch_size,
+                                   global_batch=self.layout.global_batch)  # fmt: skip
+        if self._resume_at is not None:
+            rebuilt.sampler.resume_at(*self._resume_at)
+            self._resume_at = None
+        return rebuilt
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         owner = trainer.datamodule if trainer.datamodule is not None else pl_module

@@ -26,8 +26,10 @@ from lightning.pytorch.plugins.io import AsyncCheckpointIO
 from lightning.pytorch.strategies import Strategy
 from lightning_utilities.core.apply_func import apply_to_collection
 
+from .batch_layout import KEY as LAYOUT
 from .durable import CheckpointWriteError, DurableCheckpointIO
 from .errors import UsageError
+from .sampling import seed_generators, seed_of
 from .stop_signals import STOP_SIGNALS
 
 
@@ -322,7 +324,8 @@ class ResumableRNGState(Callback):
     """Saves every rank's RNG states in each checkpoint and restores them when training resumes.
 
     They are restored in `on_train_start`, after Lightning has seeded everything and rebuilt the data loaders, so
-    nothing draws from the restored generators before the first resumed batch.
+    nothing draws from the restored generators before the first resumed batch. A run resumed on another number of
+    processes (batch_layout.py) seeds each rank's generators from (seed, step, rank) instead.
 
     Validation during training leaves the random states as it found them: a validation_step that samples would
     otherwise shift the training's draws, and differently in a resumed run, which skips the sanity check. (The eval
@@ -331,6 +334,7 @@ class ResumableRNGState(Callback):
 
     def __init__(self) -> None:
         self._to_restore: dict[str, torch.Tensor] | None = None
+        self._may_move = False  # whether the checkpoint may go on on another number of processes
         self._before_validation: dict[str, torch.Tensor] | None = None
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -352,12 +356,21 @@ class ResumableRNGState(Callback):
 
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
         self._to_restore = checkpoint.get("rng_states")
+        # A run may move to another number of processes only with a checkpoint that records its batch layout
+        # (loaders.ResumableLoaders refuses the move unless it was asked for).
+        self._may_move = LAYOUT in checkpoint
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self._to_restore is not None:
-            saved = len(self._to_restore["torch"])
-            if saved != trainer.world_size:
-                raise UsageError(f"the checkpoint was saved by {saved} processes and this run has {trainer.world_size}")
-            rank = trainer.global_rank
+        if self._to_restore is None:
+            return
+        saved, rank = len(self._to_restore["torch"]), trainer.global_rank
+        if saved == trainer.world_size:
             set_rng_state_tensors({k: v[rank] for k, v in self._to_restore.items()}, pl_module.device)
-            self._to_restore = None
+        elif self._may_move:  # on another number of processes (batch_layout.py): new streams, the same on every restart
+            seed = seed_of(torch.initial_seed(), trainer.global_step, rank)
+            seed_generators(seed)
+            if pl_module.device.type == "cuda":
+                torch.cuda.manual_seed(seed)
+        else:
+            raise UsageError(f"the checkpoint was saved by {saved} processes and this run has {trainer.world_size}")
+        self._to_restore = None

@@ -12,7 +12,8 @@ epoch. Here:
   one-line notice. A longer run (`trainer.max_epochs`, `trainer.max_steps`) keeps its LR schedule: the schedule ends
   where it was going to end, and the added steps train at its final rate (`model.lr` x `model.min_lr_ratio`); a
   schedule stretched to the new length would jump back up (x70 seen on a 2-epoch run extended to 5).
-- The number of processes is checked on its own (checks.check_world_size): it must not change.
+- The number of processes is checked on its own (checks.check_world_size): it changes only with `--allow_change
+  world_size`, keeping the run's global batch (batch_layout.py).
 
 The model's and data's settings are compared with the checkpoint's hyperparameters; the trainer's with the run's
 `config.yaml` beside its `checkpoints/` folder (a checkpoint from elsewhere has none: only model and data are

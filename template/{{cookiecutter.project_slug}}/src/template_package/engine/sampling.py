@@ -24,7 +24,10 @@ from torch.utils.data import Dataset, DistributedSampler
 class EpochShuffleSampler(DistributedSampler):
     """Shuffles with a permutation that depends on (seed, epoch) alone, and gives each of `num_replicas` processes its
     own share of it: torch's DistributedSampler with drop_last, whose order is `torch.randperm` seeded with
-    seed + epoch (`shuffle=False`: the dataset's order).
+    seed + epoch (`shuffle=False`: the dataset's order). Rank r reads the global positions r, r + W, r + 2W, ... of
+    that order, so that with b samples a batch and a batches accumulated, optimizer step s reads positions
+    [s * G, (s + 1) * G) of it, G = W * b * a, whatever W, b and a are: the order is one of global positions, and a
+    run resumed on another number of processes reads on from where it stopped (`resume_at`).
 
     Lightning calls `set_epoch` at every epoch start, after a resume too, so a run resumed at an epoch boundary
     shuffles like the run that never stopped; mid-epoch, StatefulDataLoader fast-forwards through the same
@@ -36,7 +39,9 @@ class EpochShuffleSampler(DistributedSampler):
 
     With `batch_size`, it yields whole batches of indices (the last partial one dropped with `drop_last`) for a
     loader with `batch_size=None`: a TensorDataset then gathers a batch with one index operation per tensor. With
-    `with_epoch`, it yields (epoch, index) pairs, the keys of `SeededSamples`.
+    `with_epoch`, it yields (epoch, index) pairs, the keys of `SeededSamples`. With `global_batch` (G), an epoch is
+    the whole global batches of the order, the last N mod G samples left out: no optimizer step of a partial
+    accumulation window, and epochs of the same samples on any number of processes.
     """
 
     def __init__(
@@ -49,16 +54,48 @@ class EpochShuffleSampler(DistributedSampler):
         with_epoch: bool = False,
         shuffle: bool = True,
         drop_last: bool = True,
+        global_batch: int | None = None,
     ) -> None:
         super().__init__(range(num_samples), num_replicas, rank, shuffle=shuffle, seed=seed, drop_last=True)
         self.batch_size, self.with_epoch, self.drop_last_batch = batch_size, with_epoch, drop_last
+        if global_batch is not None:
+            if global_batch % num_replicas:
+                raise ValueError(f"global_batch={global_batch} is not a multiple of the {num_replicas} processes")
+            self.total_size = num_samples // global_batch * global_batch
+            self.num_samples = self.total_size // num_replicas
+        self._resume: tuple[int, int] | None = None  # (epoch, global position) to read on from
+
+    def resume_at(self, epoch: int, position: int) -> None:
+        """Read `epoch` from global position `position` on (a multiple of the number of processes): the samples
+        after those every process read before a run on another number of processes was stopped. The epoch's length
+        stays the whole epoch's, which Lightning compares with the batches it counts as done."""
+        if position % self.num_replicas:
+            raise ValueError(f"position {position} is not a multiple of the {self.num_replicas} processes")
+        self._resume = (epoch, position)
+
+    def set_epoch(self, epoch: int) -> None:
+        super().set_epoch(epoch)
+        if self._resume is not None and self._resume[0] != epoch:
+            self._resume = None
+
+    def _indices(self) -> list[int]:
+        """This rank's share of the epoch's order (DistributedSampler's, from the resume position on)."""
+        if self.shuffle:
+            generator = torch.Generator()
+            generator.manual_seed(self.seed + self.epoch)
+            order = torch.randperm(len(self.dataset), generator=generator).tolist()
+        else:
+            order = list(range(len(self.dataset)))
+        start = self._resume[1] if self._resume is not None and self._resume[0] == self.epoch else 0
+        return order[start + self.rank : self.total_size : self.num_replicas]
 
     def __iter__(self) -> Iterator:
+        order = self._indices()
         if self.batch_size is None:
-            order = super().__iter__()
-            return ((self.epoch, index) for index in order) if self.with_epoch else order
-        order, size = list(super().__iter__()), self.batch_size
-        return (order[i * size : (i + 1) * size] for i in range(len(self)))
+            return ((self.epoch, index) for index in order) if self.with_epoch else iter(order)
+        size = self.batch_size
+        batches = len(order) // size + (len(order) % size > 0 and not self.drop_last_batch)
+        return (order[i * size : (i + 1) * size] for i in range(batches))
 
     def __len__(self) -> int:
         if self.batch_size is None:
