@@ -10,7 +10,8 @@ accumulation), each process's random draws (re-derived from the seed, the step a
 statistics, which are per-device ones.
 
 Every checkpoint records the layout it was trained with (`KEY`); a run resumed on the same number of processes goes
-on with it, so a run once moved to another W keeps its global batch through later restarts too.
+on with it, so a run once moved to another W keeps its global batch through later restarts too. Depends on the sibling
+module errors.py only.
 """
 
 from dataclasses import asdict, dataclass

@@ -14,7 +14,7 @@ may go on on another number of processes (batch_layout.py). Validation loaders w
 own (see ResumableLoaders). A train loader that cannot be made exact this way gets one notice, on rank 0, before
 the first training batch: an iterable dataset without a state of its own, a custom sampler or batch sampler,
 sampling with replacement.
-Depends on torch, torchdata and lightning.
+Depends on torch, torchdata, lightning and the sibling modules sampling.py, batch_layout.py and errors.py.
 """
 
 import sys

@@ -9,7 +9,8 @@
 - `ResumableRNGState`: Lightning does not save the python, numpy, torch and CUDA random states; without them a
   resumed run draws different dropout masks and epoch shuffles than the run that never stopped.
 
-Depends on torch, lightning and the sibling modules durable.py and stop_signals.py.
+Depends on torch, lightning and the sibling modules durable.py, stop_signals.py, errors.py, sampling.py (seeds) and
+batch_layout.py (its checkpoint key).
 """
 
 import random
