@@ -160,7 +160,8 @@ class ResumableLoaders(Callback):
         if not self.world_size_may_change:
             raise UsageError(
                 f"the checkpoint was saved by {self._saved.world_size} processes and this run has "
-                f"{trainer.world_size}: resume it on {self._saved.world_size}, or with --allow_change world_size"
+                f"{trainer.world_size}: resume it on {self._saved.world_size}, or with --allow_change world_size "
+                "(ResumableLoaders(world_size_may_change=True) in a Trainer's callbacks of your own)"
             )
         self._resume_at = move_progress(checkpoint, self._saved, self._saved.on(trainer.world_size))
 
