@@ -15,9 +15,10 @@ from pathlib import Path
 
 import lightning as L
 import torch
-from torch.utils.data import BatchSampler, DataLoader, Dataset, SequentialSampler, TensorDataset
+from torch.utils.data import BatchSampler, DataLoader, Dataset, SequentialSampler, Subset, TensorDataset
 
 from ..engine.errors import UsageError
+from ..engine.folds import check_fold, fold_indices
 from .images import ImageFiles, digits_like_transform, image_folder_transforms, load_rgb_image
 
 
@@ -85,6 +86,10 @@ class ImageDataModule(L.LightningDataModule):
         on_device: hold the in-memory splits (digits, or any TensorDataset) on the training device and gather each
             training, validation and test batch there (`DeviceTensors`). Same batches, same order, same resume as
             without it; on a GPU it needs the data to fit in its memory, and num_workers 0.
+        folds: K > 1 for K-fold cross-validation (engine/folds.py): the training data (digits: train and val
+            together, test held out; ImageFolder: train/) is cut into K folds by `split_seed`, and the run
+            validates on fold `fold` and trains on the others. 1: the train/val split above.
+        fold: which fold the run validates on, 0..folds-1.
     """
 
     # How the data is loaded, not which: may change when a run resumes, never taken from a checkpoint by predict.
@@ -102,8 +107,11 @@ class ImageDataModule(L.LightningDataModule):
         predict_dir: str | None = None,
         classes: list[str] | None = None,
         on_device: bool = False,
+        folds: int = 1,
+        fold: int = 0,
     ) -> None:
         super().__init__()
+        check_fold(folds, fold)
         if classes is None:
             classes = [str(i) for i in range(10)] if data_dir is None else self._find_classes(Path(data_dir))
         self.save_hyperparameters()
@@ -152,6 +160,11 @@ class ImageDataModule(L.LightningDataModule):
             return
         if hp.data_dir is None:
             train, val, test = digits_splits(hp.val_fraction, hp.test_fraction, hp.split_seed)
+            if hp.folds > 1:  # the folds cut what a model may learn from; test stays held out
+                images, targets = (torch.cat(pair) for pair in zip(train.tensors, val.tensors, strict=True))
+                train_idx, val_idx = fold_indices(len(targets), hp.folds, hp.fold, hp.split_seed)
+                train = TensorDataset(images[train_idx], targets[train_idx])
+                val = TensorDataset(images[val_idx], targets[val_idx])
             self.datasets = {"train": train, "val": val, "test": test, "predict": test}
             return
         from torchvision.datasets import ImageFolder
@@ -167,6 +180,10 @@ class ImageDataModule(L.LightningDataModule):
         # Random crops and flips, drawn from torch's generator: the engine seeds it for each sample from
         # (seed, epoch, index), so a resumed run, or one with other num_workers, draws the same ones.
         self.datasets["train"] = ImageFolder(root / "train", train_tf, loader=load_rgb_image)
+        if hp.folds > 1:  # train/ cut into folds: the validation fold without random crops and flips
+            train_idx, val_idx = fold_indices(len(self.datasets["train"]), hp.folds, hp.fold, hp.split_seed)
+            self.datasets["val"] = Subset(ImageFolder(root / "train", eval_tf, loader=load_rgb_image), val_idx.tolist())
+            self.datasets["train"] = Subset(self.datasets["train"], train_idx.tolist())
         self.datasets["predict"] = self.datasets["test"]
 
     def _device_tensors(self, split: str) -> DeviceTensors:

@@ -22,13 +22,22 @@ What Optuna alone does not do here:
 - Parallel sweeps that agree on the count: the same command in several processes splits `n_trials` between them,
   asking for a new trial only under a lock on the study (`DIR/.sweep.lock`, or the database's own). With a database
   server, a process whose work is done waits for the trials still running elsewhere, to finish any whose process dies.
-- Pruning that stops cleanly (`ReportToTrial`). optuna-integration's PyTorchLightningPruningCallback raises
-  TrialPruned out of `trainer.fit`: the trial ends without its final checkpoint and its process fails like a crash;
-  it needs the study object in the training process; and a trial resumed after its pruning decision trains on.
+- K-fold cross-validation (`--sweep.folds K`, for a DataModule with `folds` and `fold` arguments, engine/folds.py):
+  a trial's value is the mean of its K folds' values, each fold a run directory `DIR/trial-<n>/fold-<i>` trained by
+  `fit --ckpt_path last --data.folds K --data.fold i` (a killed sweep resumes the fold it was in; finished folds are
+  not trained again); the table and best.yaml give the mean and the spread (standard deviation, numpy's: over the K
+  values). Fold f reports its epoch e to the pruner at step f * max_epochs + e: Optuna keeps the first value reported
+  at a step, so the folds need steps of their own, and the median pruner compares each fold's epoch with the same
+  fold's epoch of the other trials (folds differ in difficulty); a trial may thus be pruned in any fold.
+- Pruning that stops cleanly (`ReportToTrial`, sweep_report.py). optuna-integration's
+  PyTorchLightningPruningCallback raises TrialPruned out of `trainer.fit`: the trial ends without its final checkpoint
+  and its process fails like a crash; it needs the study object in the training process; and a trial resumed after
+  its pruning decision trains on.
 
-At the end, and with `--sweep.n_trials 0`: a table of the trials, `DIR/best.yaml` (the best trial's config, a preset
-for `fit -c DIR/best.yaml`, kept in the study: written wherever the best trial ran), `DIR/history.png` and
-`DIR/importances.png`. Needs `pip install -e ".[sweep]"` (Optuna, matplotlib, psycopg).
+At the end, and with `--sweep.n_trials 0` (sweep_results.py): a table of the trials, `DIR/best.yaml` (the best trial's
+config, a preset for `fit -c DIR/best.yaml`; each trial's config is kept in the study, so that any process of the
+study writes it, wherever the best trial ran), `DIR/history.png` and `DIR/importances.png`. Needs
+`pip install -e ".[sweep]"` (Optuna, matplotlib, psycopg).
 """
 
 import contextlib
@@ -37,7 +46,7 @@ import inspect
 import io
 import os
 import signal
-import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -45,15 +54,15 @@ import warnings
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 
-import lightning as L
 import optuna
 import yaml
-from lightning.pytorch.callbacks import Callback
 
 from .cli_help import program
 from .errors import UsageError
 from .run_lock import RunLock
-from .shared_study import OWNER, Ownership, StudyLock, hidden_password, open_storage, translated_errors, try_acquire
+from .shared_study import Ownership, StudyLock, hidden_password, open_storage, translated_errors, try_acquire
+from .sweep_report import ReportToTrial, pruner  # noqa: F401 - ReportToTrial: the class path earlier studies name
+from .sweep_results import format_value, results
 
 PACKAGE = __name__.rsplit(".", 1)[0]
 DISTRIBUTIONS = ("float", "int", "categorical")
@@ -72,6 +81,7 @@ class SweepSettings:
     metric: str | None = None  # what a trial is worth, its best value over its validations; None: checkpoint.monitor
     direction: str | None = None  # maximize or minimize; None: from checkpoint.mode
     pruning: bool = True  # stop a trial worse than the median of the earlier trials at the same epoch
+    folds: int = 1  # K > 1: a trial's value is its mean over K folds, DIR/trial-<n>/fold-<i> (--data.folds K)
     space: dict = field(default_factory=dict)  # fit option: {type: float|int|categorical, low, high, log, choices}
 
     @property
@@ -90,10 +100,12 @@ def main(argv: list[str]) -> None:
         return
     try:
         settings, fit_args = parse(argv)
-        follow_the_checkpoint(settings, fit_config(settings, fit_args))
+        config = fit_config(settings, fit_args)
+        follow_the_checkpoint(settings, config)
+        stride = epochs_per_fold(settings, config)
         lock = StudyLock(settings.storage_url, Path(settings.dir))
         study = open_study(settings, lock)
-        Sweep(settings, fit_args, study, lock).run()
+        Sweep(settings, fit_args, study, lock, stride).run()
     except UsageError as error:  # a SweepError, or a StudyStorageError
         raise SystemExit(f"error: {error}") from None
     print(results(study, settings))
@@ -148,6 +160,8 @@ def read_config(path: str) -> dict:
 def check_settings(settings: SweepSettings) -> None:
     if not isinstance(settings.n_trials, int) or settings.n_trials < 0:
         raise SweepError(f"sweep.n_trials={settings.n_trials!r} must be a whole number >= 0 (0 shows the results)")
+    if not isinstance(settings.folds, int) or isinstance(settings.folds, bool) or settings.folds < 1:
+        raise SweepError(f"sweep.folds={settings.folds!r} must be a whole number >= 1 (1: no cross-validation)")
     if not isinstance(settings.heartbeat, int) or isinstance(settings.heartbeat, bool) or settings.heartbeat < 1:
         raise SweepError(f"sweep.heartbeat={settings.heartbeat!r} must be a whole number of seconds >= 1")
     if settings.direction not in ("maximize", "minimize", None):
@@ -218,6 +232,22 @@ def follow_the_checkpoint(settings: SweepSettings, config: dict) -> None:
         raise SweepError("the sweep needs a metric: set checkpoint.monitor (configs/default.yaml) or sweep.metric")
 
 
+def epochs_per_fold(settings: SweepSettings, config: dict) -> int:
+    """The steps between two folds' reports to the pruner: trainer.max_epochs (a million when it is not fixed). With
+    folds, the data must take them: one line naming its class, and what to add, otherwise."""
+    if settings.folds == 1:
+        return 0
+    data = config.get("data") or {}
+    if not {"folds", "fold"} <= set(data.get("init_args") or {}):
+        raise SweepError(
+            f"sweep.folds={settings.folds}: {data.get('class_path', 'the DataModule')} takes no folds: give its "
+            "__init__ the arguments folds: int = 1 and fold: int = 0 and split its training data with "
+            "engine.folds.fold_indices (as classifier/data.py does)"
+        )
+    epochs = (config.get("trainer") or {}).get("max_epochs")
+    return epochs if isinstance(epochs, int) and epochs > 0 and "trainer.max_epochs" not in settings.space else 10**6
+
+
 def first_value(spec: dict):
     return spec["choices"][0] if spec["type"] == "categorical" else spec["low"]
 
@@ -240,22 +270,19 @@ def open_study(settings: SweepSettings, lock: StudyLock) -> optuna.Study:
         reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
         raise SweepError(f"cannot open the study storage {hidden_password(settings.storage_url)} ({reason})") from None
     asked = {"space": settings.space, "metric": settings.metric, "direction": settings.direction}
+    if settings.folds > 1:  # (studies without folds were made before there were folds)
+        asked["folds"] = settings.folds
     saved = study.user_attrs.get("sweep")
     if saved is None:
         study.set_user_attr("sweep", asked)
     elif saved != asked:
-        changed = next(key for key in asked if asked[key] != saved.get(key))
+        changed = next(key for key in {**saved, **asked} if asked.get(key) != saved.get(key))
         elsewhere = "another --sweep.dir" if settings.storage is None else "another database in --sweep.storage"
         raise SweepError(
             f"the study in {hidden_password(settings.storage_url)} was made with another {changed}, "
             f"{saved.get(changed)!r}: give {elsewhere}, or the settings it was made with"
         )
     return study
-
-
-def pruner(pruning: bool) -> optuna.pruners.BasePruner:
-    # From the third finished trial on, from the second validation on (the first says little).
-    return optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=1) if pruning else optuna.pruners.NopPruner()
 
 
 class TrialSeededTPESampler(optuna.samplers.BaseSampler):
@@ -292,8 +319,11 @@ class Sweep:
 
     STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 
-    def __init__(self, settings: SweepSettings, fit_args: list[str], study: optuna.Study, lock: StudyLock) -> None:
+    def __init__(
+        self, settings: SweepSettings, fit_args: list[str], study: optuna.Study, lock: StudyLock, stride: int = 0
+    ) -> None:
         self.settings, self.fit_args, self.study, self.lock = settings, fit_args, study, lock
+        self.stride = stride  # the steps between two folds' reports to the pruner
         self.dir = Path(settings.dir)
         self.ownership = Ownership(study, self.dir)
         self.fit: subprocess.Popen | None = None
@@ -349,21 +379,74 @@ class Sweep:
             if waiting_for != (numbers := [trial.number for trial in running]):
                 waiting_for = numbers
                 print(f"waiting for trial(s) {', '.join(map(str, numbers))}, running elsewhere (taken over if lost)")
-            time.sleep(self.ownership.heartbeat)
+            time.sleep(min(self.ownership.heartbeat, 5))
 
     def _run(self, trial: optuna.Trial) -> None:
-        """Train the trial with `fit --ckpt_path last` in its run directory, then tell the study what it got."""
+        """Train the trial (each of its folds) with `fit --ckpt_path last` in its run directory, then tell the study
+        what it got."""
         params = {option: suggest(trial, option, spec) for option, spec in self.settings.space.items()}
-        run_dir = self.dir / f"trial-{trial.number}"
-        report = {"class_path": f"{PACKAGE}.sweep.ReportToTrial",
+        shown = " ".join(f"{option}={format_value(value)}" for option, value in params.items())
+        started, trial_dir = time.monotonic(), self.dir / f"trial-{trial.number}"
+        folds = [None] if self.settings.folds == 1 else list(range(self.settings.folds))
+        results = []
+        for fold in folds:
+            run_dir = trial_dir if fold is None else trial_dir / f"fold-{fold}"
+            key = "value" if fold is None else f"fold-{fold}"
+            attrs = self.study._storage.get_trial_user_attrs(trial._trial_id)
+            if fold is not None and key in attrs:  # trained before the sweep that ran this trial was killed
+                results.append(attrs[key])
+                continue
+            code = self._fit(trial, params, run_dir, fold)
+            attrs = self.study._storage.get_trial_user_attrs(trial._trial_id)
+            if self.study._storage.get_trial(trial._trial_id).state != RUNNING:  # a heartbeat came too late
+                print(f"trial {trial.number} ({shown}) was finished meanwhile by another process, whose result stands")
+                return
+            if "config" not in attrs and (run_dir / "config.yaml").is_file():  # for best.yaml, written wherever
+                trial.set_user_attr("config", (run_dir / "config.yaml").read_text())  # the results are shown
+            if code != 0 or key not in attrs:
+                self.study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
+                mistake = last_line(run_dir / "fit.log")
+                if mistake.startswith("error: "):  # a mistake in what every trial gets: stop, not run the next trial
+                    raise SweepError(f"trial {trial.number}: {mistake.removeprefix('error: ')}")
+                print(f"trial {trial.number} ({shown}) failed: see {run_dir / 'fit.log'}")
+                return
+            results.append(attrs[key] if fold is not None else {"value": attrs["value"], "pruned": attrs["pruned"]})
+            if results[-1]["pruned"]:
+                break
+        value = self._summarize(trial, [result["value"] for result in results])
+        if results[-1]["pruned"]:
+            self.study.tell(trial.number, state=optuna.trial.TrialState.PRUNED)
+            print(f"trial {trial.number} ({shown}) pruned at {self.settings.metric} {value:.4f}")
+        else:
+            self.study.tell(trial.number, value)
+            seconds = time.monotonic() - started
+            print(f"trial {trial.number} ({shown}): {self.settings.metric} {value:.4f} in {seconds:.0f} s")
+
+    def _summarize(self, trial: optuna.Trial, values: list[float]) -> float:
+        """The trial's value: its only one, or the mean over its folds, whose values and spread go to its user
+        attributes (numpy's standard deviation, of the K values)."""
+        if self.settings.folds == 1:
+            return values[0]
+        mean, spread = statistics.fmean(values), statistics.pstdev(values)
+        trial.set_user_attr("fold_values", values)
+        trial.set_user_attr("value", mean)
+        trial.set_user_attr("spread", spread)
+        return mean
+
+    def _fit(self, trial: optuna.Trial, params: dict, run_dir: Path, fold: int | None) -> int:
+        """Run a trial's (fold's) `fit` process in `run_dir`, recording the trial's heartbeats while it runs; its exit
+        code. A stop signal ends the sweep once the fit has saved: the next sweep resumes it."""
+        report = {"class_path": f"{PACKAGE}.sweep_report.ReportToTrial",
                   "init_args": {"storage": self.settings.storage_url, "trial_number": trial.number,
-                                "metric": self.settings.metric, "pruning": self.settings.pruning}}  # fmt: skip
+                                "metric": self.settings.metric, "pruning": self.settings.pruning,
+                                "fold": fold, "epochs_per_fold": self.stride}}  # fmt: skip
+        run_dir.mkdir(parents=True, exist_ok=True)
         report_config = run_dir / "sweep_trial.yaml"
         report_config.write_text(yaml.safe_dump({"trainer": {"callbacks+": [report]}}))
+        folds = [] if fold is None else [f"--data.folds={self.settings.folds}", f"--data.fold={fold}"]
         command = [sys.executable, "-m", PACKAGE, "fit", *self.fit_args, "-c", str(report_config),
-                   f"--trainer.default_root_dir={run_dir}", "--ckpt_path=last",
+                   f"--trainer.default_root_dir={run_dir}", "--ckpt_path=last", *folds,
                    *(f"--{option}={value}" for option, value in params.items())]  # fmt: skip
-        started = time.monotonic()
         with (run_dir / "fit.log").open("a") as log:
             self.fit = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, preexec_fn=dies_with_us())
             with self.ownership.beating(trial._trial_id):  # a thread: started after the fork, for preexec_fn's sake
@@ -371,26 +454,7 @@ class Sweep:
             self.fit = None
         if self.stopped_by is not None or code in (130, 138, 143):
             raise SystemExit(128 + self.stopped_by if self.stopped_by else code)  # saved: the next sweep resumes it
-        attrs = self.study._storage.get_trial_user_attrs(trial._trial_id)
-        shown = " ".join(f"{option}={format_value(value)}" for option, value in params.items())
-        if self.study._storage.get_trial(trial._trial_id).state != RUNNING:  # a heartbeat came too late
-            print(f"trial {trial.number} ({shown}) was finished meanwhile by another process, whose result stands")
-            return
-        if (run_dir / "config.yaml").is_file():  # for best.yaml, written wherever the results are shown
-            trial.set_user_attr("config", (run_dir / "config.yaml").read_text())
-        if code != 0 or "value" not in attrs:
-            self.study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
-            mistake = last_line(run_dir / "fit.log")
-            if mistake.startswith("error: "):  # a mistake in what every trial gets: stop, not run the next trial
-                raise SweepError(f"trial {trial.number}: {mistake.removeprefix('error: ')}")
-            print(f"trial {trial.number} ({shown}) failed: see {run_dir / 'fit.log'}")
-        elif attrs["pruned"]:
-            self.study.tell(trial.number, state=optuna.trial.TrialState.PRUNED)
-            print(f"trial {trial.number} ({shown}) pruned at {self.settings.metric} {attrs['value']:.4f}")
-        else:
-            self.study.tell(trial.number, attrs["value"])
-            seconds = time.monotonic() - started
-            print(f"trial {trial.number} ({shown}): {self.settings.metric} {attrs['value']:.4f} in {seconds:.0f} s")
+        return code
 
 
 def dies_with_us():
@@ -419,131 +483,3 @@ def suggest(trial: optuna.Trial, option: str, spec: dict):
         return trial.suggest_categorical(option, spec["choices"])
     suggest_number = trial.suggest_float if spec["type"] == "float" else trial.suggest_int
     return suggest_number(option, spec["low"], spec["high"], log=bool(spec.get("log", False)))
-
-
-def format_value(value) -> str:
-    return f"{value:.4g}" if isinstance(value, float) else str(value)
-
-
-class ReportToTrial(Callback):
-    """Reports a trial's metric after each validation, prunes it, and records what it got; in the trial's `fit`.
-
-    Rank 0 reports to the study (its storage) and asks the pruner; every rank stops together after the epoch, as a
-    pruned trial's training ends normally: `last.ckpt` is written, the process exits 0. A trial resumed after the
-    decision stops at once. The trial's value, its best metric over the validations, goes to its user attributes,
-    where the sweep reads it.
-    """
-
-    def __init__(self, storage: str, trial_number: int, metric: str = "val/acc", pruning: bool = True) -> None:
-        self.storage, self.trial_number, self.metric, self.pruning = storage, trial_number, metric, pruning
-        self._trial: optuna.Trial | None = None
-        self._pruned = False
-
-    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        if stage == "fit" and trainer.is_global_zero:
-            optuna.logging.set_verbosity(optuna.logging.WARNING)
-            study = optuna.load_study(study_name="sweep", storage=self.storage, pruner=pruner(self.pruning))
-            self._trial = optuna.Trial(study, study._storage.get_trial_id_from_study_id_trial_number(
-                study._study_id, self.trial_number))  # fmt: skip
-
-    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._stop_if_pruned(trainer)  # a trial resumed after its pruning decision
-
-    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        logged = [name for name in trainer.callback_metrics if name not in ("epoch", "step")]
-        if self.metric not in trainer.callback_metrics and logged:
-            raise UsageError(
-                f"sweep.metric={self.metric!r} is not logged by {type(pl_module).__name__}, which logs "
-                f"{', '.join(sorted(logged))} in validation: set --sweep.metric (or checkpoint.monitor) to one of them"
-            )
-        if trainer.sanity_checking or self.metric not in trainer.callback_metrics:
-            return
-        if self._trial is not None:
-            self._trial.report(float(trainer.callback_metrics[self.metric]), step=trainer.current_epoch)
-        self._stop_if_pruned(trainer)
-
-    def _stop_if_pruned(self, trainer: L.Trainer) -> None:
-        prune = self._trial is not None and bool(self._trial.should_prune())
-        self._pruned = trainer.strategy.broadcast(prune, src=0)  # rank 0 decides, every rank stops
-        if self._pruned:
-            trainer.should_stop = True
-
-    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self._trial is None:
-            return
-        values = self._trial.storage.get_trial(self._trial._trial_id).intermediate_values.values()
-        if values:
-            best = max(values) if self._trial.study.direction == optuna.study.StudyDirection.MAXIMIZE else min(values)
-            self._trial.set_user_attr("value", best)
-            self._trial.set_user_attr("pruned", self._pruned)
-
-
-# --- Results --------------------------------------------------------------------------------------------------------
-
-
-def results(study: optuna.Study, settings: SweepSettings) -> str:
-    """The table of trials; writes DIR/best.yaml and the pictures."""
-    folder = Path(settings.dir)
-    trials = study.get_trials(deepcopy=False)
-    options = list(settings.space)
-    rows = [["trial", *options, settings.metric, "state", "run directory"]]
-    for trial in trials:
-        value = trial.value if trial.value is not None else trial.user_attrs.get("value")
-        rows.append([str(trial.number), *(format_value(trial.params[o]) if o in trial.params else "" for o in options),
-                     f"{value:.4f}" if value is not None else "", trial.state.name.lower(),
-                     where_it_ran(trial, folder)])  # fmt: skip
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows]
-    if any(trial.state == optuna.trial.TrialState.COMPLETE for trial in trials):
-        best = study.best_trial
-        write_best_preset(folder, best)
-        lines.append(f"best: trial {best.number}, {settings.metric} {best.value:.4f}; "
-                     f"train it again with: fit -c {folder / 'best.yaml'}")  # fmt: skip
-        lines += draw(study, folder)
-    return "\n".join(lines)
-
-
-def where_it_ran(trial: optuna.trial.FrozenTrial, folder: Path) -> str:
-    """The trial's run directory: in the DIR of the process that trained it last (with a database server, it may be
-    another's), on the host named when that is not this one."""
-    host, _, owner_dir = trial.system_attrs.get(OWNER, "").partition(" ")
-    if not owner_dir:
-        return str(folder / f"trial-{trial.number}")
-    run_dir = str(Path(owner_dir) / f"trial-{trial.number}")
-    return run_dir if host == socket.gethostname() else f"{host}:{run_dir}"
-
-
-def write_best_preset(folder: Path, best: optuna.trial.FrozenTrial) -> None:
-    """The best trial's own config.yaml (kept in the study, its run directory may be on another machine), without
-    what belongs to its run directory: a preset for `fit -c`."""
-    saved = best.user_attrs.get("config") or (folder / f"trial-{best.number}" / "config.yaml").read_text()
-    config = yaml.safe_load(saved)
-    config.pop("ckpt_path", None)
-    trainer = config.setdefault("trainer", {})
-    trainer.pop("default_root_dir", None)
-    trainer["callbacks"] = [c for c in trainer.get("callbacks") or [] if not c["class_path"].endswith("ReportToTrial")]
-    header = f"# The best trial of the sweep in {folder}: trial {best.number}, value {best.value}.\n"
-    (folder / "best.yaml").write_text(header + yaml.safe_dump(config, sort_keys=False))
-
-
-def draw(study: optuna.Study, folder: Path) -> list[str]:
-    """The optimisation history and the parameter importances as PNG files (matplotlib)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from optuna.visualization import matplotlib as plots
-
-    drawn = []
-    for name, plot in (("history", plots.plot_optimization_history), ("importances", plots.plot_param_importances)):
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # stable since Optuna 2.2
-                axes = plot(study)
-        except (ValueError, RuntimeError) as error:  # importances need 2 finished trials and 2 parameters
-            drawn.append(f"no {name}.png: {str(error).splitlines()[0]}")
-            continue
-        axes.figure.savefig(folder / f"{name}.png", dpi=100, bbox_inches="tight")
-        plt.close(axes.figure)
-        drawn.append(f"{name}: {folder / f'{name}.png'}")
-    return drawn
