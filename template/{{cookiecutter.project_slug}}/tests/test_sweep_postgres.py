@@ -23,8 +23,9 @@ from test_sweep import finish_sweep, start_sweep, sweep_command
 optuna = pytest.importorskip("optuna", reason='sweeps need the sweep extra: pip install -e ".[sweep]"')
 psycopg = pytest.importorskip("psycopg", reason='a PostgreSQL study needs the sweep extra: pip install -e ".[sweep]"')
 
-# A trial silent for 2 s lost its process: a sign of life every second (the default is a minute).
-HEARTBEAT = "--sweep.heartbeat=1"
+# A trial silent for 4 s lost its process: a sign of life every 2 s (the default is a minute), with room for a loaded
+# machine to be late.
+HEARTBEAT = "--sweep.heartbeat=2"
 
 
 def free_port() -> int:
@@ -170,11 +171,11 @@ SHARED_DIR = False
 def test_a_machine_killed_mid_trial_is_taken_over_and_the_study_ends_as_if_it_had_not_been(
     two_machines, postgres, tmp_path
 ):
-    """Two sweeps with folders of their own on a study of one trial (lean: the trial is what matters); a is SIGKILLed
-    for good once its trial has a checkpoint (the sweep process alone: its fit dies with it), and b, which waited for
-    the trial running elsewhere, finishes the study alone: it takes a's trial over once a's heartbeat is stale, from
-    the start. The study equals the uninterrupted one of `two_machines` (its first trial: the same command draws the
-    same trials)."""
+    """Two sweeps with folders of their own on a study of one trial (lean: the trial is what matters). Once a's trial
+    has a checkpoint, its fit is frozen and b waits for the trial; then a is SIGKILLed for good (the sweep process
+    alone: its fit dies with it), and b finishes the study alone: it takes a's trial over once a's heartbeat is stale,
+    from the start. The study equals the uninterrupted one of `two_machines` (its first trial: the same command draws
+    the same trials)."""
     url = new_database(postgres, "killed")
     a, b = tmp_path / "a", tmp_path / ("a" if SHARED_DIR else "b")
     with stopped_at_the_end([start_sweep(a, 1, f"--sweep.storage={url}", HEARTBEAT)]) as processes:
@@ -186,16 +187,17 @@ def test_a_machine_killed_mid_trial_is_taken_over_and_the_study_ends_as_if_it_ha
             assert processes[0].poll() is None, processes[0].communicate()[1][-3000:]
             time.sleep(0.02)
         number, fit_pid = killed
-        os.kill(fit_pid, signal.SIGSTOP)  # frozen, it cannot end on its own before it is looked at
+        os.kill(fit_pid, signal.SIGSTOP)  # a's trial frozen mid-way (a's sweep lives on): it cannot end on its own
+        while not (line := processes[1].stdout.readline()).startswith("waiting for trial(s) 0, running elsewhere"):
+            assert line, processes[1].communicate()[1][-3000:]  # b waits: trial 0 is a's, and a lives
         os.kill(processes[0].pid, signal.SIGKILL)
         processes[0].wait()
         deadline = time.monotonic() + 30
-        while alive(fit_pid):  # the kernel kills it at once (PR_SET_PDEATHSIG), frozen or not
+        while alive(fit_pid):  # the kernel kills it at once (PR_SET_PDEATHSIG), frozen as it is
             assert time.monotonic() < deadline, f"the fit {fit_pid} of the killed sweep lives on"
             time.sleep(0.05)
         out = finish_sweep(processes[1])
     assert finished_trials(url) == finished_trials(two_machines[0])[:1]
-    assert "waiting for trial(s) 0, running elsewhere" in out
     row = next(line for line in out.splitlines() if line.startswith(f"{number} "))  # the table of the trials
     assert str(b / f"trial-{number}") in row  # where the trial was finished
     log = (b / f"trial-{number}" / "fit.log").read_text()

@@ -378,7 +378,8 @@ class Sweep:
                 return None
             if waiting_for != (numbers := [trial.number for trial in running]):
                 waiting_for = numbers
-                print(f"waiting for trial(s) {', '.join(map(str, numbers))}, running elsewhere (taken over if lost)")
+                print(f"waiting for trial(s) {', '.join(map(str, numbers))}, running elsewhere (taken over if lost)",
+                      flush=True)  # fmt: skip
             time.sleep(min(self.ownership.heartbeat, 5))
 
     def _run(self, trial: optuna.Trial) -> None:
