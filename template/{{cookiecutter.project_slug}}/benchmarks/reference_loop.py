@@ -43,8 +43,8 @@ def train_epochs(
     ema_decay: float = 0.99,
     grad_norms: list[float] | None = None,
 ) -> Iterator[list[float]]:
-    """Train `net` in place, one epoch per iteration, yielding the epoch's loss of the last batch of every optimizer
-    step. (benchmarks/overhead.py runs the epochs one at a time, alternating with the Trainer's.)
+    """Train `net` in place, one epoch per iteration, yielding the epoch's losses, the mean over each optimizer step's
+    accumulation window. (benchmarks/overhead.py runs the epochs one at a time, alternating with the Trainer's.)
 
     `memory_format=torch.channels_last` lays out weights and images as NHWC. `grad_norms` (a list) gets every optimizer
     step's total gradient norm before clipping, computed by hand. With `ema` (an empty dict), it is filled
@@ -69,6 +69,7 @@ def train_epochs(
         losses = []
         if hasattr(loader.sampler, "set_epoch"):
             loader.sampler.set_epoch(epoch)
+        window = 0
         for i, (x, y) in enumerate(loader):
             if i == batches:
                 break
@@ -77,6 +78,7 @@ def train_epochs(
                 loss = F.cross_entropy(net(x), y)
             # Summed over the window, loss / accumulate gives the mean gradient of a full window, as in Lightning.
             scaler.scale(loss / accumulate).backward()
+            window = window + loss.detach() / accumulate  # the window's mean loss so far
             if (i + 1) % accumulate != 0:
                 continue  # inside an accumulation window
             for group in optimizer.param_groups:
@@ -94,7 +96,8 @@ def train_epochs(
             optimizer.zero_grad(set_to_none=True)
             if ema is not None:
                 update_ema(ema, net, ema_decay)
-            losses.append(loss.item())
+            losses.append(window.item())
+            window = 0
             step += 1
         yield losses
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import cli, extra_config, resume
+from conftest import cli, extra_config, resume, scalars
 from elastic_task import recorded_steps
 from test_resume import DDP, finish, kill_when_frozen, start_fit
 from torch.utils.data import DataLoader, Dataset
@@ -20,7 +20,7 @@ from template_package.engine.sampling import EpochShuffleSampler
 # The stand-in without BatchNorm, each sample's index in its batch; 2 epochs of 19 global batches of 64 samples
 # (1,257 samples: the last 41 of each epoch's order are left out).
 TASK = ["--model=elastic_task.IndexedStandIn", "--data=elastic_task.IndexedStandInData", "--trainer.max_epochs=2",
-        "--trainer.limit_val_batches=2"]  # fmt: skip
+        "--trainer.limit_val_batches=2", "--trainer.log_every_n_steps=1"]  # fmt: skip
 ON_2 = [*DDP, "--data.batch_size=32"]  # 2 x 32 x 1
 ON_1 = ["--data.batch_size=16", "--trainer.accumulate_grad_batches=4"]  # 1 x 16 x 4
 STEPS = 2 * 19
@@ -50,21 +50,27 @@ def killed_run(tmp_path: Path, args: list[str]) -> tuple[Path, Path]:
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory) -> tuple[dict[int, dict], dict]:
-    """The 2-process run that never stopped: its records and final checkpoint."""
+def uninterrupted(tmp_path_factory) -> tuple[dict[int, dict], dict, list]:
+    """The 2-process run that never stopped: its records, final checkpoint and logged train/loss."""
     folder = tmp_path_factory.mktemp("uninterrupted")
     config, records = record(folder, "records")
     finish(start_fit(folder / "run", *TASK, *ON_2, "-c", config))
-    return recorded_steps(records), torch.load(folder / "run" / "checkpoints" / "last.ckpt", weights_only=True)
+    checkpoint = torch.load(folder / "run" / "checkpoints" / "last.ckpt", weights_only=True)
+    return recorded_steps(records), checkpoint, scalars(folder / "run")["train/loss"]
 
 
-def assert_same_steps(reference: tuple[dict[int, dict], dict], steps: dict[int, dict], run_dir: Path) -> None:
-    """The same samples at every optimizer step, losses and weights within TOLERANCE, the same schedule."""
-    ref_steps, ref_checkpoint = reference
+def assert_same_steps(reference: tuple[dict[int, dict], dict, list], steps: dict[int, dict], run_dir: Path) -> None:
+    """The same samples at every optimizer step, losses (recorded, and logged: the global batch's) and weights
+    within TOLERANCE, the same schedule."""
+    ref_steps, ref_checkpoint, ref_logged = reference
     assert sorted(steps) == sorted(ref_steps) == list(range(1, STEPS + 1))
     for step, ref in ref_steps.items():
         assert steps[step]["indices"] == ref["indices"], f"step {step} read other samples"
         assert steps[step]["loss"] == pytest.approx(ref["loss"], abs=TOLERANCE), f"step {step}"
+    logged = scalars(run_dir)["train/loss"]
+    assert [step for step, _ in logged] == [step for step, _ in ref_logged] == list(range(STEPS))
+    for (step, loss), (_, ref_loss) in zip(logged, ref_logged, strict=True):
+        assert loss == pytest.approx(ref_loss, abs=TOLERANCE), f"logged train/loss at step {step}"
     checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
     assert checkpoint["global_step"] == ref_checkpoint["global_step"] == STEPS
     for name, weight in ref_checkpoint["state_dict"].items():

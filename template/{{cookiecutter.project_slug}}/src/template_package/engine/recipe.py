@@ -7,8 +7,10 @@ What it gives the subclass, with nothing more to write than `training_step` retu
 - clipping by norm on unscaled gradients (under 16-mixed too, fused optimizers included), and what the training-loop
   guides ask to watch: `train/grad_norm`, the total norm before clipping, and `train/clip_share`, the share of
   optimizer steps since the last log that were clipped;
-- `train/loss` (of each accumulation window's last batch) and `lr`, written every `log_every_n_steps` optimizer
-  steps straight to the loggers (through `self.log` each value would cost ~0.6 ms a step, measured);
+- `train/loss` (the mean over each optimizer step's global batch: its accumulation window, averaged over the
+  processes at logged steps only, so the same curve on any number of processes) and `lr`, written every
+  `log_every_n_steps` optimizer steps straight to the loggers (through `self.log` each value would cost ~0.6 ms a
+  step, measured);
 - a stop before a NaN or infinite loss reaches the weights, so the last checkpoint stays the last good state.
 
 A subclass that overrides one of the hooks below and still wants the recipe calls `super()` in it. Depends on torch,
@@ -100,6 +102,7 @@ class TrainingRecipe(L.LightningModule):
         self._clipped_steps: Tensor | int = 0  # for train/clip_share: clipped optimizer steps since the last log
         self._steps_since_log = 0
         self._step_metrics: dict[str, Tensor] = {}
+        self._window_loss: Tensor | None = None  # the accumulation window's mean loss so far, on the device
         self._step_at_batch_start = 0
 
     def configure_optimizers(self):
@@ -167,16 +170,20 @@ class TrainingRecipe(L.LightningModule):
         """After an optimizer step the loggers write: train/loss, lr and the gradient metrics. Written straight to
         the loggers, as Lightning's own LearningRateMonitor does: these values are looked at, not monitored, so
         they are not in `trainer.callback_metrics`."""
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        if isinstance(loss, Tensor):  # Lightning divides each batch's loss by the accumulation: summed, their mean
+            loss = loss.detach()
+            self._window_loss = loss if self._window_loss is None else self._window_loss + loss
         step = self.trainer.global_step
         if step == self._step_at_batch_start:  # inside an accumulation window: no optimizer step was taken
             return
+        window_loss, self._window_loss = self._window_loss, None
         every = self.trainer.log_every_n_steps
         if not (self.trainer.fast_dev_run or (every > 0 and step % every == 0)):
             return
         metrics = dict(self._step_metrics)
-        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
-        if isinstance(loss, Tensor):  # Lightning divides it by the accumulation: the window's last batch's loss
-            metrics["train/loss"] = loss * self.trainer.accumulate_grad_batches
+        if window_loss is not None:  # every process's share of the global batch (every process logs the same steps)
+            metrics["train/loss"] = self.trainer.strategy.reduce(window_loss, reduce_op="mean")
         self._step_metrics = {}
         values = {name: float(value) for name, value in metrics.items()}
         for logger in self.loggers:
