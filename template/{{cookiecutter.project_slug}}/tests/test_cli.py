@@ -5,11 +5,17 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from conftest import PROJECT_ROOT, QUICK, cli, resume, scalars
 
 
-def test_fit_writes_the_run_directory_contract(run_dir: Path):
-    cli("fit", f"--trainer.default_root_dir={run_dir}", *QUICK)
+def test_fit_writes_the_run_directory_contract(run_dir: Path, tmp_path: Path):
+    # The callbacks and logging cadence configs/default.yaml ships with, whatever yours are now.
+    shipped = {"trainer": {"log_every_n_steps": 10, "callbacks": [
+        {"class_path": f"template_package.engine.callbacks.{name}"}
+        for name in ("TimedProgressBar", "ConfusionMatrixImage", "Throughput")]}}  # fmt: skip
+    (tmp_path / "shipped.yaml").write_text(yaml.safe_dump(shipped))
+    cli("fit", f"--trainer.default_root_dir={run_dir}", *QUICK, "-c", str(tmp_path / "shipped.yaml"))
     assert (run_dir / "checkpoints" / "last.ckpt").is_file()
     assert "max_epochs: 2" in (run_dir / "config.yaml").read_text()
     logged = scalars(run_dir)

@@ -78,7 +78,7 @@ def test_a_sweep_runs_its_trials_as_run_directories_and_says_what_it_found(unint
     # The same command again shows the results only. (Options are read in order, later ones win: after the config
     # file, whose sweep.dir and n_trials would otherwise run its 20 trials in runs/sweep.)
     capsys.readouterr()
-    cli("sweep", "-c", SWEEP_YAML, f"--sweep.dir={folder}", "--sweep.n_trials=0")
+    cli("sweep", "-c", SWEEP_YAML, f"--sweep.dir={folder}", "--sweep.n_trials=0", *TRIAL)
     assert f"best: trial {best[0]}" in capsys.readouterr().out
     assert study_of(folder) == trials
 
@@ -99,7 +99,7 @@ def test_a_sweep_killed_at_any_moment_and_run_again_ends_with_the_same_study(uni
     os.killpg(process.pid, signal.SIGKILL)
     process.wait()
     assert [state for *_, state, _ in study_of(folder)] == ["COMPLETE", "RUNNING"]
-    finish_sweep(start_sweep(folder, 2))
+    assert "trial 1 lost its process: taken over, from its last.ckpt" in finish_sweep(start_sweep(folder, 2))
     assert study_of(folder) == study_of(reference)
     log = (folder / "trial-1" / "fit.log").read_text()
     assert log.count("starting a fresh run") == 1 and "Restoring states from the checkpoint path" in log

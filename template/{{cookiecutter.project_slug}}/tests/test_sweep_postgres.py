@@ -200,6 +200,8 @@ def test_a_machine_killed_mid_trial_is_taken_over_and_the_study_ends_as_if_it_ha
     assert finished_trials(url) == finished_trials(two_machines[0])[:1]
     row = next(line for line in out.splitlines() if line.startswith(f"{number} "))  # the table of the trials
     assert str(b / f"trial-{number}") in row  # where the trial was finished
+    taken_over = f"trial {number} lost its process: taken over, from {'its last.ckpt' if SHARED_DIR else 'the start'}"
+    assert taken_over in out
     log = (b / f"trial-{number}" / "fit.log").read_text()
     assert log.count("starting a fresh run") == 1
     assert ("Restoring states from the checkpoint path" in log) == SHARED_DIR

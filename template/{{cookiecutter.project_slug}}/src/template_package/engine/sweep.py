@@ -364,6 +364,9 @@ class Sweep:
                         # Its process may have finished it and let go of it since the list was read: read it again.
                         if self.study._storage.get_trial(trial._trial_id).state == RUNNING:
                             self.ownership.claim(trial._trial_id)
+                            resumes = any((self.dir / f"trial-{trial.number}").rglob("last.ckpt"))  # (folds too)
+                            print(f"trial {trial.number} lost its process: taken over, "
+                                  f"{'from its last.ckpt' if resumes else 'from the start'}", flush=True)  # fmt: skip
                             return optuna.Trial(self.study, trial._trial_id), claim
                         claim.release()
                 if len(self.study.get_trials(deepcopy=False)) < self.settings.n_trials:
