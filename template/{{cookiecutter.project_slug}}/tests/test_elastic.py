@@ -88,10 +88,14 @@ def test_two_processes_killed_and_resumed_on_one_read_the_uninterrupted_runs_sam
     control = tmp_path / "control"
     shutil.copytree(run_dir, control)
     config, resumed = record(tmp_path, "resumed")
-    resume(run_dir, *TASK, "--data.batch_size=32", "-c", config, "--allow_change=world_size")
+    # Stopped again at step 20 (max_steps) and restarted on the same 1 process: it keeps the moved layout.
+    resume(run_dir, *TASK, "--data.batch_size=32", "-c", config, "--allow_change=world_size", "--trainer.max_steps=20")
     checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
+    assert checkpoint["global_step"] == 20
     assert checkpoint["batch_layout"]["world_size"] == 1 and checkpoint["batch_layout"]["accumulate"] == 2  # 1x32x2
-    assert_same_steps(uninterrupted, recorded_steps(killed, resumed), run_dir)
+    config, restarted = record(tmp_path, "restarted")
+    resume(run_dir, *TASK, "--data.batch_size=32", "-c", config)
+    assert_same_steps(uninterrupted, recorded_steps(killed, resumed, restarted), run_dir)
 
     # Negative control: the resumed epoch read from its start, not from the global position where the run stopped.
     monkeypatch.setattr(EpochShuffleSampler, "resume_at", lambda self, epoch, position: None)
