@@ -12,6 +12,8 @@ from stand_in import StandInClassifier, StandInData, stand_in_net
 from torch import Tensor
 from torch.utils.data import TensorDataset
 
+from template_package.engine.resume import gather_rows
+
 
 class IndexedStandIn(StandInClassifier):
     """The stand-in without BatchNorm (its batch statistics are per device, so they differ with the number of
@@ -54,11 +56,8 @@ class RecordSteps(Callback):
         indices, loss = torch.cat(self._indices), torch.stack(self._losses).mean()
         self._indices, self._losses = [], []
         if trainer.world_size > 1:
-            rows = [torch.empty_like(indices) for _ in range(trainer.world_size)]
-            torch.distributed.all_gather(rows, indices)
-            indices = torch.cat(rows)
-            torch.distributed.all_reduce(loss)
-            loss = loss / trainer.world_size
+            indices = gather_rows(indices, trainer.world_size).flatten()
+            loss = trainer.strategy.reduce(loss, reduce_op="mean")
         if trainer.is_global_zero:
             with self.path.open("a") as records:
                 records.write(json.dumps({"step": trainer.global_step, "indices": sorted(indices.tolist()),
