@@ -20,8 +20,8 @@ import lightning as L
 import torch
 from lightning.pytorch.trainer import call
 
-from template_package.engine.cli import build_cli
-from template_package.engine.recipe import TrainingRecipe
+from template_package.engine.cli.main import build_cli
+from template_package.engine.training.recipe import TrainingRecipe
 
 HOOKS = [name for name in vars(L.Callback) if name.startswith("on_") or name in ("setup", "teardown")]
 PER_STEP = {"on_train_batch_start", "on_train_batch_end", "on_before_backward", "on_after_backward",

@@ -44,10 +44,10 @@ import reference_loop  # noqa: E402
 
 from template_package.classifier.data import ImageDataModule  # noqa: E402
 from template_package.classifier.model import ImageClassifier  # noqa: E402
-from template_package.engine.callbacks import Throughput  # noqa: E402
-from template_package.engine.cli import build_cli  # noqa: E402
-from template_package.engine.loaders import resumable_loader  # noqa: E402
-from template_package.engine.trainer import auto_precision  # noqa: E402
+from template_package.engine.cli.main import build_cli  # noqa: E402
+from template_package.engine.data.loaders import resumable_loader  # noqa: E402
+from template_package.engine.report.throughput import Throughput  # noqa: E402
+from template_package.engine.training.trainer import auto_precision  # noqa: E402
 
 
 class RandomImages(ImageDataModule):
@@ -104,10 +104,10 @@ class Interleave(L.Callback):
 
 # The default config's callbacks, and what `--without` drops from the template's features to measure each one.
 DEFAULT_CALLBACKS = {
-    "progress_bar": "template_package.engine.callbacks.TimedProgressBar",
-    "rng_state": "template_package.engine.resume.ResumableRNGState",
-    "confusion_matrix": "template_package.engine.callbacks.ConfusionMatrixImage",
-    "throughput": "template_package.engine.callbacks.Throughput",
+    "progress_bar": "template_package.engine.report.progress.TimedProgressBar",
+    "rng_state": "template_package.engine.resume.rng.ResumableRNGState",
+    "confusion_matrix": "template_package.engine.report.confusion.ConfusionMatrixImage",
+    "throughput": "template_package.engine.report.throughput.Throughput",
 }
 WITHOUT = {
     "progress_bar": ["--trainer.enable_progress_bar=false"],
@@ -158,7 +158,7 @@ def precision(options: argparse.Namespace) -> str:
 
 
 def engine_train_loader(data: ImageDataModule):
-    """The train loader as the engine's Trainer rebuilds it (engine/loaders.py): the reference loop and the bare
+    """The train loader as the engine's Trainer rebuilds it (engine/data/loaders.py): the reference loop and the bare
     Trainer read the same batches, the same way."""
     return resumable_loader(data.train_dataloader(), torch.initial_seed(), epoch=0)
 

@@ -57,7 +57,7 @@ def train_epochs(
         [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}], lr=lr
     )
     # An epoch is whole accumulation windows: the batches after the last whole one are left out, as the engine's
-    # loader does (its epochs are whole global batches, engine/batch_layout.py).
+    # loader does (its epochs are whole global batches, engine/training/batch_layout.py).
     batches = len(loader) // accumulate * accumulate
     total_steps = epochs * batches // accumulate
     warmup_steps = round(warmup * total_steps) if warmup < 1 else int(warmup)

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from template_package.engine.cli import main
+from template_package.engine.cli.main import main
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent

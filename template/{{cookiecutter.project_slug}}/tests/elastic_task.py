@@ -12,7 +12,7 @@ from stand_in import StandInClassifier, StandInData, stand_in_net
 from torch import Tensor
 from torch.utils.data import TensorDataset
 
-from template_package.engine.resume import gather_rows
+from template_package.engine.resume.rng import gather_rows
 
 
 class IndexedStandIn(StandInClassifier):

@@ -15,7 +15,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from template_package.engine.durable import DurableCheckpointIO
+from template_package.engine.resume.durable import DurableCheckpointIO
 
 
 class FailingCheckpointIO(DurableCheckpointIO):

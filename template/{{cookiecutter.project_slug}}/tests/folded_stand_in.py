@@ -1,11 +1,11 @@
-"""The stand-in's data with K-fold cross-validation (engine/folds.py): what a DataModule of the user's adds for
+"""The stand-in's data with K-fold cross-validation (engine/data/folds.py): what a DataModule of the user's adds for
 `sweep --sweep.folds K`, two arguments and a split; its train and val samples pooled and cut into folds."""
 
 import torch
 from stand_in import StandInData
 from torch.utils.data import TensorDataset
 
-from template_package.engine.folds import check_fold, fold_indices
+from template_package.engine.data.folds import check_fold, fold_indices
 
 
 class FoldedStandInData(StandInData):

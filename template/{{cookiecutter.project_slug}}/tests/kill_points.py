@@ -38,7 +38,7 @@ class FreezeAt(Callback):
         self.flush_logs, self.until_signal = flush_logs, until_signal
 
     def _freeze(self, trainer: L.Trainer) -> None:
-        from template_package.engine.resume import LastCheckpoint
+        from template_package.engine.resume.last_checkpoint import LastCheckpoint
 
         for callback in trainer.callbacks:  # a write in flight finishes first: its kill point is tested on its own
             if isinstance(callback, LastCheckpoint):
@@ -51,7 +51,7 @@ class FreezeAt(Callback):
         if not self.until_signal:
             os.kill(os.getpid(), signal.SIGSTOP)
             return
-        from template_package.engine.stop_signals import STOP_SIGNALS
+        from template_package.engine.resume.stop_signals import STOP_SIGNALS
 
         deadline = time.monotonic() + 300
         while STOP_SIGNALS.received is None and time.monotonic() < deadline:

@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, Tens
 from torchdata.stateful_dataloader import StatefulDataLoader
 from torchmetrics.classification import MulticlassAccuracy
 
-from template_package.engine.recipe import TrainingRecipe
+from template_package.engine.training.recipe import TrainingRecipe
 
 SPLITS = {"train": 1257, "val": 270, "test": 270}
 
@@ -256,7 +256,7 @@ class PlainClassifier(LightningModule):
         self.log("val/acc", (self.net(images).argmax(-1) == targets).float().mean())
 
     def configure_optimizers(self):
-        from template_package.engine.schedulers import WarmupCosineSchedule
+        from template_package.engine.training.schedulers import WarmupCosineSchedule
 
         optimizer = torch.optim.SGD(self.parameters(), lr=self.hparams.lr, momentum=0.9)
         if self.hparams.schedule == "exponential":

@@ -7,7 +7,7 @@ import pytest
 import torch
 from conftest import QUICK, cli
 
-from template_package.engine import export
+from template_package.engine.cli import export
 
 # What a crafted checkpoint could ask to run: each would create the marker file if it ran.
 CRAFTED = {

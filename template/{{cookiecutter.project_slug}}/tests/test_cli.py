@@ -12,8 +12,8 @@ from conftest import PROJECT_ROOT, QUICK, cli, resume, scalars
 def test_fit_writes_the_run_directory_contract(run_dir: Path, tmp_path: Path):
     # The callbacks and logging cadence configs/default.yaml ships with, whatever yours are now.
     shipped = {"trainer": {"log_every_n_steps": 10, "callbacks": [
-        {"class_path": f"template_package.engine.callbacks.{name}"}
-        for name in ("TimedProgressBar", "ConfusionMatrixImage", "Throughput")]}}  # fmt: skip
+        {"class_path": f"template_package.engine.report.{name}"} for name in
+        ("progress.TimedProgressBar", "confusion.ConfusionMatrixImage", "throughput.Throughput")]}}  # fmt: skip
     (tmp_path / "shipped.yaml").write_text(yaml.safe_dump(shipped))
     cli("fit", f"--trainer.default_root_dir={run_dir}", *QUICK, "-c", str(tmp_path / "shipped.yaml"))
     assert (run_dir / "checkpoints" / "last.ckpt").is_file()
@@ -100,7 +100,7 @@ def test_last_ckpt_appears_only_after_every_earlier_step_is_logged(run_dir: Path
 def test_last_ckpt_is_written_when_due_and_when_training_ends(run_dir: Path, monkeypatch, every_n_steps, extra, writes):
     """QUICK has 6-batch epochs: a write due on an epoch's last batch (steps 6, 12) is made at the epoch end; the final
     state is written however training ends, and not twice."""
-    from template_package.engine.durable import DurableCheckpointIO
+    from template_package.engine.resume.durable import DurableCheckpointIO
 
     written, save = [], DurableCheckpointIO.save_checkpoint
 
@@ -121,7 +121,7 @@ def test_last_ckpt_is_written_when_due_and_when_training_ends(run_dir: Path, mon
 
 def test_checkpoint_snapshot_is_a_copy_that_training_cannot_change():
     """last.ckpt is written in the background from this snapshot while training goes on changing the weights."""
-    from template_package.engine.resume import snapshot
+    from template_package.engine.resume.last_checkpoint import snapshot
 
     weights, progress = torch.ones(3), [1]
     state, copied = snapshot({"state_dict": {"w": weights}, "loops": {"done": progress}})
@@ -231,7 +231,7 @@ def test_progress_bar_redraws_by_time_and_shows_each_epochs_count(run_dir: Path,
     batches trained, not the count it had when last drawn."""
     from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
 
-    from template_package.engine.callbacks import TimedProgressBar
+    from template_package.engine.report.progress import TimedProgressBar
 
     drawn, display = [], Tqdm.display
 
@@ -288,7 +288,7 @@ def test_evaluating_a_runs_checkpoint_writes_into_that_run(run_dir: Path, tmp_pa
 def test_predictions_of_a_regression_are_values_not_class_probabilities(tmp_path: Path):
     from types import SimpleNamespace
 
-    from template_package.engine.callbacks import PredictionsCSV
+    from template_package.engine.report.predictions import PredictionsCSV
 
     trainer = SimpleNamespace(predict_dataloaders=SimpleNamespace(dataset=[]), datamodule=None)
     writer = PredictionsCSV(str(tmp_path / "regression.csv"))

@@ -14,8 +14,8 @@ from lightning.pytorch.loggers import Logger
 from lightning.pytorch.plugins.precision import MixedPrecision
 from stand_in import StandInClassifier, StandInData
 
-from template_package.engine.loaders import resumable_loader
-from template_package.engine.trainer import Trainer
+from template_package.engine.data.loaders import resumable_loader
+from template_package.engine.training.trainer import Trainer
 
 STEPS, CLIP = 4, 0.5
 

@@ -23,8 +23,8 @@ def killed_then_resumed_without(tmp_path, monkeypatch, args: list[str], mechanis
     position; sampler_epoch: the engine's train loader starts at epoch 0's order, whatever the epoch."""
     from torchdata.stateful_dataloader import StatefulDataLoader
 
-    from template_package.engine import loaders
-    from template_package.engine.resume import ResumableRNGState
+    from template_package.engine.data import loaders
+    from template_package.engine.resume.rng import ResumableRNGState
 
     run_dir = tmp_path / "run"
     kill_when_frozen(start_fit(run_dir, "-c", freeze_config(tmp_path, **kill_point), *args), tmp_path / "frozen")
@@ -59,7 +59,7 @@ def test_without_it_a_checkpoint_goes_live_before_its_steps_are_logged(run_dir, 
     written at once instead, last.ckpt holds step S while step S-1 is not yet logged."""
     from test_cli import log_steps_against_last_ckpt
 
-    from template_package.engine.resume import LastCheckpoint
+    from template_package.engine.resume.last_checkpoint import LastCheckpoint
 
     stage = LastCheckpoint._stage
 
@@ -78,7 +78,7 @@ def test_without_it_random_draws_depend_on_the_number_of_workers(tmp_path, monke
     worker's own generator instead, 0 and 2 workers train different bits (tests/test_loaders.py: the same bits)."""
     from test_loaders import weights_with_workers
 
-    from template_package.engine.sampling import SeededSamples
+    from template_package.engine.data.sampling import SeededSamples
 
     monkeypatch.setattr(SeededSamples, "_read", lambda self, key: self.dataset[key[1]])
     weights = weights_with_workers(tmp_path, (0, 2))

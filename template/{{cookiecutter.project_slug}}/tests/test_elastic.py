@@ -13,9 +13,9 @@ from elastic_task import recorded_steps
 from test_resume import DDP, finish, kill_when_frozen, start_fit
 from torch.utils.data import DataLoader, Dataset
 
-from template_package.engine.batch_layout import BatchLayout
-from template_package.engine.loaders import resumable_loader
-from template_package.engine.sampling import EpochShuffleSampler
+from template_package.engine.data.loaders import resumable_loader
+from template_package.engine.data.sampling import EpochShuffleSampler
+from template_package.engine.training.batch_layout import BatchLayout
 
 # The stand-in without BatchNorm, each sample's index in its batch; 2 epochs of 19 global batches of 64 samples
 # (1,257 samples: the last 41 of each epoch's order are left out).

@@ -5,7 +5,7 @@ import pytest
 import torch
 from conftest import QUICK, cli
 
-from template_package.engine.export import load_for_inference, run_exported
+from template_package.engine.cli.export import load_for_inference, run_exported
 
 
 @pytest.fixture(scope="module")

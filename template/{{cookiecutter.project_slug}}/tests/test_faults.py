@@ -27,7 +27,7 @@ from test_resume import (
     wait_until_frozen,
 )
 
-from template_package.engine.run_lock import RunLock
+from template_package.engine.resume.run_lock import RunLock
 
 # In-process runs: 2 epochs of 6 batches, last.ckpt every 5 optimizer steps, train/loss logged at every step.
 ARGS = [*QUICK, "--trainer.log_every_n_steps=1", "--last_checkpoint.every_n_steps=5"]
@@ -300,7 +300,7 @@ def test_only_the_third_party_notices_a_user_can_do_nothing_about_are_hidden():
     import logging
     import warnings
 
-    from template_package.engine.cli import quiet_third_party_notices
+    from template_package.engine.cli.main import quiet_third_party_notices
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -332,7 +332,7 @@ def test_help_tells_the_truth(capsys):
     from conftest import cli_subprocess
 
     top = cli_subprocess("--help").stdout
-    from template_package.engine.cli_help import project_description
+    from template_package.engine.cli.help import project_description
 
     assert top.startswith("usage: python -m template_package ")
     assert project_description("template_package") in top  # pyproject.toml's, when installed; else a generic one
@@ -350,7 +350,7 @@ def test_help_tells_the_truth(capsys):
     assert "lacks type and help" not in fit_help
     import yaml
 
-    from template_package.engine.checks import class_options
+    from template_package.engine.cli.checks import class_options
 
     configured = yaml.safe_load((PROJECT_ROOT / "configs" / "default.yaml").read_text())
     options = [line.split()[0] for line in fit_help.splitlines() if line.strip().startswith("--")]

@@ -4,7 +4,7 @@ import pytest
 import torch
 from conftest import QUICK, cli, scalars
 
-from template_package.engine.trainer import Trainer, auto_precision
+from template_package.engine.training.trainer import Trainer, auto_precision
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU; none on this machine")
 
@@ -34,7 +34,7 @@ def test_mixed_precision_trains_on_cuda(tmp_path, precision):
 
 @needs_cuda
 def test_checkpoint_snapshot_copies_cuda_tensors_to_pinned_host_memory():
-    from template_package.engine.resume import snapshot
+    from template_package.engine.resume.last_checkpoint import snapshot
 
     weights = torch.ones(1 << 20, device="cuda")
     state, copied = snapshot({"w": weights})

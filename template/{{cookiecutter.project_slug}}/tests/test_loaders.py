@@ -1,4 +1,4 @@
-"""Train loaders that resume exactly for any map-style dataset (engine/loaders.py): the user's plain DataLoader or
+"""Train loaders that resume exactly for any map-style dataset (engine/data/loaders.py): the user's plain DataLoader or
 StatefulDataLoader is rebuilt by the engine; one the engine cannot make exact gets one notice that says so."""
 
 import random
@@ -11,8 +11,8 @@ from stand_in import Noisy, synthetic_images
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from template_package.engine.loaders import resumable_loader, why_not_resumable
-from template_package.engine.sampling import EpochShuffleSampler, SeededSamples, sample_seed
+from template_package.engine.data.loaders import resumable_loader, why_not_resumable
+from template_package.engine.data.sampling import EpochShuffleSampler, SeededSamples, sample_seed
 
 
 def test_a_plain_loader_is_rebuilt_with_its_own_settings():

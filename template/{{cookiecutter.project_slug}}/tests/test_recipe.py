@@ -1,4 +1,4 @@
-"""The training recipe (engine/recipe.py), on any module: AdamW groups, the per-step schedule, LR 0 impossible."""
+"""The training recipe (engine/training/recipe.py), on any module: AdamW groups, per-step schedule, LR 0 impossible."""
 
 import math
 
@@ -9,7 +9,7 @@ from conftest import QUICK, cli
 from stand_in import StandInClassifier
 from torch.utils.data import DataLoader, TensorDataset
 
-from template_package.engine.recipe import weight_decay_groups
+from template_package.engine.training.recipe import weight_decay_groups
 
 
 def test_biases_and_norm_weights_do_not_decay():

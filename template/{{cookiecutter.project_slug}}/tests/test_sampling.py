@@ -1,6 +1,6 @@
 """The engine's epoch order: a function of (seed, epoch), each rank its own share (sampling.py)."""
 
-from template_package.engine.sampling import EpochShuffleSampler
+from template_package.engine.data.sampling import EpochShuffleSampler
 
 
 def test_each_rank_shuffles_its_own_share_anew_every_epoch():

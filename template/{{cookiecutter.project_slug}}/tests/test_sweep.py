@@ -136,7 +136,7 @@ def test_sigterm_saves_the_running_trial_and_exits_143(tmp_path):
 def study_with_two_good_trials(tmp_path: Path) -> tuple[str, str, int]:
     """A study whose two finished trials reached val/acc 0.9 and 0.95 at epoch 1, and a third trial asked; returns
     the storage, a config that reports a fit to that trial, and its number."""
-    from template_package.engine.sweep import pruner
+    from template_package.engine.sweep.search import pruner
 
     storage = f"sqlite:///{tmp_path / 'study.db'}"
     study = optuna.create_study(storage=storage, study_name="sweep", direction="maximize", pruner=pruner(True))
@@ -146,7 +146,7 @@ def study_with_two_good_trials(tmp_path: Path) -> tuple[str, str, int]:
             trial.report(value, step)
         study.tell(trial, max(values))
     number = study.ask().number
-    report = {"class_path": "template_package.engine.sweep.ReportToTrial",
+    report = {"class_path": "template_package.engine.sweep.search.ReportToTrial",
               "init_args": {"storage": storage, "trial_number": number}}  # fmt: skip
     config = tmp_path / "report.yaml"
     config.write_text(yaml.safe_dump({"trainer": {"callbacks+": [report]}}))

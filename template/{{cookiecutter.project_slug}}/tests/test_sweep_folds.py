@@ -9,7 +9,7 @@ import yaml
 from conftest import cli, scalars
 from test_sweep import finish_sweep, start_sweep, sweep_command
 
-from template_package.engine.folds import fold_indices
+from template_package.engine.data.folds import fold_indices
 
 optuna = pytest.importorskip("optuna", reason='sweeps need the sweep extra: pip install -e ".[sweep]"')
 

@@ -8,7 +8,7 @@ import torch
 from stand_in import StandInClassifier
 from torch.utils.data import BatchSampler, DataLoader, Dataset, SequentialSampler
 
-from template_package.engine.callbacks import Throughput
+from template_package.engine.report.throughput import Throughput
 
 
 class SlowImages(Dataset):

@@ -8,6 +8,8 @@ import pytest
 from conftest import cli, extra_config
 from test_resume import assert_same_run, reference_run, run_killed_and_resumed
 
+LOGGERS = "template_package.engine.report.loggers"
+
 mlflow = pytest.importorskip("mlflow", reason='MLflow tracking needs the mlflow extra: pip install -e ".[mlflow]"')
 
 
@@ -17,8 +19,8 @@ def tracking(tmp_path_factory) -> tuple[list[str], str]:
     store's URI."""
     folder = tmp_path_factory.mktemp("tracking")
     uri = f"sqlite:///{folder / 'mlflow.db'}"
-    loggers = [{"class_path": "template_package.engine.loggers.RunMLFlowLogger", "init_args": {"tracking_uri": uri}},
-               {"class_path": "template_package.engine.loggers.RunCSVLogger"}]  # fmt: skip
+    loggers = [{"class_path": f"{LOGGERS}.RunMLFlowLogger", "init_args": {"tracking_uri": uri}},
+               {"class_path": f"{LOGGERS}.RunCSVLogger"}]  # fmt: skip
     return ["-c", extra_config(folder / "tracking.yaml", loggers=loggers)], uri
 
 

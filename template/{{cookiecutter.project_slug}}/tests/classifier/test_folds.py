@@ -1,5 +1,5 @@
-"""The example's data cut into folds (`--data.folds K --data.fold i`, engine/folds.py): digits' train and val pooled
-and cut into K folds, test held out; folds=1 is the split it always had."""
+"""The example's data cut into folds (`--data.folds K --data.fold i`, engine/data/folds.py): digits' train and val
+pooled and cut into K folds, test held out; folds=1 is the split it always had."""
 
 from pathlib import Path
 

@@ -9,8 +9,8 @@ from conftest import QUICK, cli, scalars
 from test_classifier_errors import error_line
 
 from template_package.classifier.model import ImageClassifier
-from template_package.engine import callbacks
-from template_package.engine.flops import peak_flops
+from template_package.engine.report import throughput
+from template_package.engine.report.flops import peak_flops
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU; none on this machine")
 
@@ -64,7 +64,7 @@ def test_peak_flops_are_dense_tensor_core_peaks(monkeypatch, name, precision, ex
 
 def test_mfu_is_throughput_times_flops_over_the_peak(run_dir, monkeypatch):
     """On a GPU perf/mfu is logged with perf/samples_per_sec; here the CPU is given a peak of 1 GFLOP/s."""
-    monkeypatch.setattr(callbacks, "peak_flops", lambda device, precision: 1e9)
+    monkeypatch.setattr(throughput, "peak_flops", lambda device, precision: 1e9)
     cli("fit", f"--trainer.default_root_dir={run_dir}", "--trainer.log_every_n_steps=2", *QUICK, task=CLASSIFIER)
     logged = scalars(run_dir)
     flops = ImageClassifier(num_classes=10, in_channels=1, input_size=8).flops_per_sample()

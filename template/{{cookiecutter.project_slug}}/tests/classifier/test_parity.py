@@ -12,7 +12,7 @@ from conftest import PROJECT_ROOT, cli, scalars
 
 from template_package.classifier.data import ImageDataModule
 from template_package.classifier.model import ImageClassifier
-from template_package.engine.loaders import resumable_loader
+from template_package.engine.data.loaders import resumable_loader
 
 sys.path.insert(0, str(PROJECT_ROOT / "benchmarks"))
 import reference_loop  # noqa: E402
@@ -22,7 +22,7 @@ RECIPE = {"epochs": 3, "accumulate": 4, "lr": 3e-3, "weight_decay": 0.05, "warmu
 
 
 def engine_train_loader(data: ImageDataModule):
-    """The example's train loader as the engine's Trainer rebuilds it (engine/loaders.py): the batches it trains."""
+    """The example's train loader as the engine's Trainer rebuilds it (engine/data/loaders.py): what it trains."""
     return resumable_loader(data.train_dataloader(), torch.initial_seed(), epoch=0)
 
 
@@ -113,7 +113,7 @@ def test_the_gradient_norm_command_prints_their_distribution(capsys):
     """python -m <package>.grad_norms: median, p90 and max of the unclipped norms of the run's first steps."""
     import statistics
 
-    from template_package.engine.grad_norms import main
+    from template_package.engine.cli.grad_norms import main
 
     norms = main(["--steps", "12", "--trainer.max_epochs=1", *CLASSIFIER])
     out = capsys.readouterr().out

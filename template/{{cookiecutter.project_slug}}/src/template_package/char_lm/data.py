@@ -3,7 +3,7 @@ that `help()` shows, ~465,000 characters of English and code), in windows of `bl
 
 Batches are dicts, {"x": the window, "y": the same window shifted by one character}. Each training window starts at a
 random offset within its block of the text, drawn from torch's generator in `__getitem__`: the engine seeds it for
-each sample (engine/sampling.py), so a resumed run, or one with other num_workers, draws the same offsets.
+each sample (engine/data/sampling.py), so a resumed run, or one with other num_workers, draws the same offsets.
 """
 
 import torch

@@ -1,6 +1,6 @@
 """The example's LightningModule: a small character-level transformer language model (GPT-style: token and position
 embeddings, pre-norm causal self-attention blocks, a linear head), on the engine's training recipe (AdamW groups,
-per-step warmup-cosine, clipping with its diagnostics, the NaN stop: see engine/recipe.py).
+per-step warmup-cosine, clipping with its diagnostics, the NaN stop: see engine/training/recipe.py).
 
 Metric names: train/loss, lr, train/grad_norm, train/clip_share (written by the recipe), val/loss, val/perplexity,
 test/loss, test/perplexity. `predict` continues each prompt with `sample_chars` sampled characters.
@@ -11,8 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torchmetrics.text import Perplexity
 
-from ..engine.errors import UsageError
-from ..engine.recipe import TrainingRecipe
+from ..engine import TrainingRecipe, UsageError
 
 
 class CharTransformer(TrainingRecipe):
@@ -28,7 +27,7 @@ class CharTransformer(TrainingRecipe):
         dropout: dropout in the blocks.
         sample_chars: characters `predict` samples after each prompt.
         temperature: sampling temperature (lower: more likely characters).
-        recipe: lr, weight_decay, warmup, min_lr_ratio, fused_optimizer: see engine/recipe.py, TrainingRecipe.
+        recipe: lr, weight_decay, warmup, min_lr_ratio, fused_optimizer: see engine/training/recipe.py, TrainingRecipe.
     """
 
     def __init__(

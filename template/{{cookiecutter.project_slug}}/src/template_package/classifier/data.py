@@ -4,7 +4,7 @@
 Digits (1,797 8x8 grayscale images, 10 classes) ship inside scikit-learn, so the default run needs no network.
 For your own data, set `data_dir` to a folder with `train/<class>/*.jpg`, `val/<class>/*.jpg` and optionally
 `test/<class>/*.jpg`. The loaders are plain DataLoaders: the engine rebuilds the train loader so that it resumes
-exactly (engine/loaders.py), the random crops and flips included, whatever the number of workers.
+exactly (engine/data/loaders.py), the random crops and flips included, whatever the number of workers.
 
 With `on_device`, in-memory splits are held on the training device and batches are gathered there: the GPU fast
 path (configs/fast.yaml), with no loader work and no host-to-device copy of images per batch.
@@ -17,8 +17,7 @@ import lightning as L
 import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, SequentialSampler, Subset, TensorDataset
 
-from ..engine.errors import UsageError
-from ..engine.folds import check_fold, fold_indices
+from ..engine import UsageError, check_fold, fold_indices
 from .images import ImageFiles, digits_like_transform, image_folder_transforms, load_rgb_image
 
 
@@ -86,7 +85,7 @@ class ImageDataModule(L.LightningDataModule):
         on_device: hold the in-memory splits (digits, or any TensorDataset) on the training device and gather each
             training, validation and test batch there (`DeviceTensors`). Same batches, same order, same resume as
             without it; on a GPU it needs the data to fit in its memory, and num_workers 0.
-        folds: K > 1 for K-fold cross-validation (engine/folds.py): the training data (digits: train and val
+        folds: K > 1 for K-fold cross-validation (engine/data/folds.py): the training data (digits: train and val
             together, test held out; ImageFolder: train/) is cut into K folds by `split_seed`, and the run
             validates on fold `fold` and trains on the others. 1: the train/val split above.
         fold: which fold the run validates on, 0..folds-1.

@@ -1,5 +1,6 @@
-"""The example's LightningModule: cross-entropy training of an image classifier from nets.py, on the engine's training
-recipe (AdamW groups, per-step warmup-cosine, clipping with its diagnostics, the NaN stop: see engine/recipe.py).
+"""The example's LightningModule: cross-entropy training of an image classifier from nets.py, on the engine's
+training recipe (AdamW groups, per-step warmup-cosine, clipping with its diagnostics, the NaN stop: see
+engine/training/recipe.py).
 
 Metric names: train/loss, lr, train/grad_norm, train/clip_share (written by the recipe), val/loss, val/acc,
 test/loss, test/acc.
@@ -11,8 +12,7 @@ from lightning.fabric.utilities.throughput import measure_flops
 from torch import Tensor
 from torchmetrics.classification import MulticlassAccuracy
 
-from ..engine.errors import UsageError
-from ..engine.recipe import TrainingRecipe
+from ..engine import TrainingRecipe, UsageError
 from .nets import create_net
 
 
@@ -36,7 +36,7 @@ class ImageClassifier(TrainingRecipe):
         channels_last: keep conv weights and input images in channels-last (NHWC) memory layout, which the
             tensor-core convolution kernels of mixed precision on CUDA read without transposing. Checkpoints load
             either way; see benchmarks/overhead.py for its measured effect.
-        recipe: lr, weight_decay, warmup, min_lr_ratio, fused_optimizer: see engine/recipe.py, TrainingRecipe.
+        recipe: lr, weight_decay, warmup, min_lr_ratio, fused_optimizer: see engine/training/recipe.py, TrainingRecipe.
     """
 
     def __init__(

@@ -7,7 +7,7 @@ are off by default.
 
 from torch import Tensor, nn
 
-from ..engine.errors import UsageError
+from ..engine import UsageError
 
 
 class SmallCNN(nn.Module):

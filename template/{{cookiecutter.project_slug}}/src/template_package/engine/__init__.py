@@ -1,8 +1,34 @@
 """The engine: everything a run needs beyond your model and data, for any LightningModule and LightningDataModule.
+It imports nothing from the rest of the package, so it can be copied whole into another project (requirements.txt
+lists what it needs).
 
-The command line and Trainer (cli.py, trainer.py), the training recipe (recipe.py, schedulers.py), train loaders that
-resume exactly (loaders.py, sampling.py), exact resume and durable checkpoints (resume.py, durable.py, run_lock.py,
-stop_signals.py, resume_checks.py), reporting (callbacks.py, loggers.py, monitor.py, flops.py), mistakes in one line
-(checks.py, errors.py), and the tools: sweep.py, export.py, grad_norms.py, guarantees.py (the guarantee kit). It
-imports nothing from the rest of the package, so it can be copied whole into another project.
+Its rooms, one concern each: cli/ (the command line, the run directory, checks, help, export), training/ (the Trainer,
+the recipe, schedules, the monitored metric, the batch layout), resume/ (last.ckpt, random generators, durable
+writes, signals, the run lock, what may change on a resume), data/ (train loaders that resume exactly, per-sample
+seeds, folds), report/ (callbacks and loggers), sweep/ (hyperparameter search), and guarantees.py (the guarantee kit).
+
+Your model and data import what they need from here, never from a room: `from ..engine import TrainingRecipe`.
 """
+
+from .data.folds import check_fold, fold_indices
+from .data.loaders import ResumableLoaders
+from .data.sampling import sample_seed
+from .errors import UsageError
+from .resume.last_checkpoint import LastCheckpoint
+from .resume.rng import ResumableRNGState
+from .training.recipe import TrainingRecipe
+from .training.schedulers import WarmupCosineSchedule
+from .training.trainer import Trainer
+
+__all__ = [
+    "LastCheckpoint",
+    "ResumableLoaders",
+    "ResumableRNGState",
+    "Trainer",
+    "TrainingRecipe",
+    "UsageError",
+    "WarmupCosineSchedule",
+    "check_fold",
+    "fold_indices",
+    "sample_seed",
+]

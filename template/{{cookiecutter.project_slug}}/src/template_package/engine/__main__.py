@@ -1,7 +1,7 @@
 """`python -m <package>.engine fit|...`: the same command line as `python -m <package>`, wherever the engine is
 copied (sweep trials start this way)."""
 
-from .cli import main
+from .cli.main import main
 
 if __name__ == "__main__":
     main()

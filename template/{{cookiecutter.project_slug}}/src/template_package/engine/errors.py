@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 
-from .durable import CheckpointWriteError
+from .resume.durable import CheckpointWriteError
 
 
 class UsageError(ValueError):

@@ -101,7 +101,7 @@ class GuaranteeKit:
 
     def takes_num_workers(self) -> bool:
         """Whether the configured DataModule has a `num_workers` argument."""
-        from .checks import import_class
+        from .cli.checks import import_class
 
         data = (self.config().get("data") or {}).get("class_path")
         return data is not None and "num_workers" in inspect.signature(import_class(data)).parameters
@@ -124,7 +124,7 @@ class GuaranteeKit:
         return yaml.safe_load(printed.stdout)
 
     def _run(self, run_dir: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-        csv_logger = self._config("csv.yaml", loggers=[{"class_path": f"{ENGINE}.loggers.RunCSVLogger"}])
+        csv_logger = self._config("csv.yaml", loggers=[{"class_path": f"{ENGINE}.report.loggers.RunCSVLogger"}])
         result = self._command("fit", *self.task, *SETTINGS, "-c", csv_logger,
                                f"--trainer.default_root_dir={run_dir}", *args, check=False)  # fmt: skip
         (run_dir.parent / f"{run_dir.name}.log").write_text(result.stdout + result.stderr)

@@ -9,12 +9,14 @@ from lightning.pytorch.cli import LightningArgumentParser
 
 from .checks import class_options
 
-# Subcommands that are not Trainer methods: run by cli.main before LightningCLI parses anything.
+# Subcommands that are not Trainer methods, run by cli/main.py before LightningCLI parses anything: the description
+# --help shows, and the engine's module whose main() runs it.
 TOOLS = {
     "sweep": "Search hyperparameters with Optuna: trials as run directories, a study that survives preemption.",
     "export": "Export a checkpoint's model for inference (ONNX, torch.export, TorchScript), checked against it.",
     "grad_norms": "Print the gradient norms of a few training steps and a clip value for them.",
 }
+TOOL_MODULES = {"sweep": "sweep.search", "export": "cli.export", "grad_norms": "cli.grad_norms"}
 
 
 def program() -> str:

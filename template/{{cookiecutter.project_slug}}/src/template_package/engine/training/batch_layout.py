@@ -1,8 +1,8 @@
 """How a run's global batch is laid out over its processes, and how a run resumes on another number of processes.
 
 A run's global batch, the samples of one optimizer step, is G = W x b x a: W processes, b samples a batch on each,
-a batches accumulated. With the engine's train loader (loaders.py, sampling.EpochShuffleSampler) step s reads the
-global positions [s * G, (s + 1) * G) of its epoch's order whatever W, b and a are, and an epoch is its whole global
+a batches accumulated. With the engine's train loader (data/loaders.py, data/sampling.EpochShuffleSampler) step s reads
+the global positions [s * G, (s + 1) * G) of its epoch's order whatever W, b and a are, and an epoch is its whole global
 batches. So a run stopped on W processes goes on on W' processes (`fit --ckpt_path last --allow_change world_size`)
 with the same global batch (`BatchLayout.on`): the same samples at every optimizer step, the same LR schedule and step
 counts. What is not the same: floating-point sums in another order (per-device means, the all-reduce, the
@@ -10,13 +10,13 @@ accumulation), each process's random draws (re-derived from the seed, the step a
 statistics, which are per-device ones.
 
 Every checkpoint records the layout it was trained with (`KEY`); a run resumed on the same number of processes goes
-on with it, so a run once moved to another W keeps its global batch through later restarts too. Depends on the sibling
-module errors.py only.
+on with it, so a run once moved to another W keeps its global batch through later restarts too. Depends on the
+engine's errors.py only.
 """
 
 from dataclasses import asdict, dataclass
 
-from .errors import UsageError
+from ..errors import UsageError
 
 KEY = "batch_layout"  # in a checkpoint: the layout it was trained with, see BatchLayout.state
 

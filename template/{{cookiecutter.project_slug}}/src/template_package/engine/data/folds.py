@@ -13,7 +13,7 @@ from the training seed), cut into `folds` parts whose sizes differ by one at mos
 
 import torch
 
-from .errors import UsageError
+from ..errors import UsageError
 
 
 def check_fold(folds: int, fold: int) -> None:

@@ -22,7 +22,15 @@ import torch
 from jsonargparse import Namespace
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback, _InstantiatorFn
 
-from .callbacks import PredictionsCSV
+from ..data.loaders import ResumableLoaders
+from ..errors import MACHINE_FAULTS, is_a_users_mistake, one_line, original_error
+from ..report.predictions import PredictionsCSV
+from ..resume.changes import ChangedModelSettings, check_resume_changes, loading_options
+from ..resume.last_checkpoint import LastCheckpoint
+from ..resume.run_lock import RunLock, is_global_rank_zero
+from ..resume.stop_signals import STOP_SIGNALS
+from ..training.monitor import BestCheckpoints, follow_the_monitored_metric
+from ..training.trainer import Trainer
 from .checks import (
     check_architecture,
     check_checkpoint,
@@ -35,16 +43,10 @@ from .checks import (
     lock_run_dir,
     names_a_class,
 )
-from .cli_help import TOOLS, ProjectArgumentParser, program, project_description
-from .errors import MACHINE_FAULTS, is_a_users_mistake, one_line, original_error
-from .loaders import ResumableLoaders
-from .monitor import BestCheckpoints, follow_the_monitored_metric
-from .resume import LastCheckpoint
-from .resume_checks import ChangedModelSettings, check_resume_changes, loading_options
+from .help import TOOL_MODULES, TOOLS, ProjectArgumentParser, program, project_description
 from .run_directory import checkpoint_dir, configure_loggers, predictions_csv, resolve_resume, run_report
-from .run_lock import RunLock, is_global_rank_zero
-from .stop_signals import STOP_SIGNALS
-from .trainer import Trainer
+
+ENGINE = __package__.rsplit(".", 1)[0]  # this engine, wherever it was copied
 
 
 def find_default_config() -> Path | None:
@@ -79,7 +81,7 @@ class ProjectCLI(LightningCLI):
 
     The model and the data are the classes the config names (`model: class_path:`, `data: class_path:`, or
     `--model a.b.MyModel --data a.b.MyData`), never classes a checkpoint names. `fit` holds the run directory's lock
-    (run_lock.py) from the moment its options are parsed until it returns.
+    (resume/run_lock.py) from the moment its options are parsed until it returns.
     """
 
     def __init__(self, *args, run_subcommand: bool = True, **kwargs) -> None:
@@ -149,7 +151,7 @@ class ProjectCLI(LightningCLI):
         parser.add_argument(
             "--allow_change", type=str, default="",
             help="options, comma-separated, that may differ from the checkpoint's when fit resumes a run (see "
-            "resume_checks.py), e.g. model.lr,data.batch_size: the run goes on with the new values, no longer exactly",
+            "resume/changes.py), e.g. model.lr,data.batch_size: the run goes on with the new values, no longer exactly",
         )  # fmt: skip
 
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
@@ -200,7 +202,7 @@ class ProjectCLI(LightningCLI):
     def _parse_ckpt_path(self) -> None:
         """LightningCLI reads the checkpoint's model hyperparameters over the command line, and in subclass mode
         builds the class the checkpoint names. Here the classes are always the config's (checks.check_checkpoint_class
-        refused a checkpoint of another class). A fit compares the hyperparameters (resume_checks.py): a changed flag
+        refused a checkpoint of another class). A fit compares the hyperparameters (resume/changes.py): a changed flag
         is refused or applied, never silently dropped. validate, test and predict take the settings the model and data
         were trained with (the architecture, the class names, the data folder) where the command line and config
         files left the default: `predict --ckpt_path X --data.predict_dir DIR` needs nothing else, and
@@ -259,7 +261,7 @@ def main(args: list[str] | None = None) -> ProjectCLI:
     """Parse `args` (default: sys.argv) and run the subcommand.
 
     A mistake in what was given ends with one line (`TRACEBACK=1` shows the traceback too), a bug with its traceback
-    (errors.py, ProjectCLI); a stop signal ends the process with 128 + its number (stop_signals.py)."""
+    (errors.py, ProjectCLI); a stop signal ends the process with 128 + its number (resume/stop_signals.py)."""
     command = sys.argv[1:] if args is None else args  # (LightningCLI warns when given sys.argv as args)
     if command[:1] and command[0] in TOOLS:
         return run_tool(command[0], command[1:])
@@ -294,11 +296,11 @@ def leave_process_group() -> None:
 
 
 def run_tool(name: str, args: list[str]) -> None:
-    """`python -m <package> sweep|export|grad_norms`: see sweep.py, export.py and grad_norms.py (imported only here:
-    Optuna and ONNX are extras)."""
+    """`python -m <package> sweep|export|grad_norms`: see sweep/search.py, cli/export.py and cli/grad_norms.py
+    (imported only here: Optuna and ONNX are extras)."""
     extras = {"optuna": "sweep", "matplotlib": "sweep", "onnx": "onnx", "onnxscript": "onnx", "onnxruntime": "onnx"}
     try:
-        tool = importlib.import_module(f".{name}", __package__)
+        tool = importlib.import_module(f"{ENGINE}.{TOOL_MODULES[name]}")
     except ModuleNotFoundError as missing:
         if missing.name not in extras:
             raise

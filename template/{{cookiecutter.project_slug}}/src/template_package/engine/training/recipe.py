@@ -14,7 +14,7 @@ What it gives the subclass, with nothing more to write than `training_step` retu
 - a stop before a NaN or infinite loss reaches the weights, so the last checkpoint stays the last good state.
 
 A subclass that overrides one of the hooks below and still wants the recipe calls `super()` in it. Depends on torch,
-lightning and the sibling modules errors.py and schedulers.py.
+lightning and schedulers.py and the engine's errors.py.
 """
 
 import lightning as L
@@ -22,7 +22,7 @@ import torch
 from lightning.pytorch.plugins.precision import MixedPrecision, Precision
 from torch import Tensor, nn
 
-from .errors import NonFiniteLoss, UsageError
+from ..errors import NonFiniteLoss, UsageError
 from .schedulers import WarmupCosineSchedule
 
 

@@ -4,15 +4,15 @@
   (`epoch=3-val_loss=1.2345.ckpt`) and which stops a run at the end of its sanity check, before any training, when the
   model does not log that metric (Lightning's own stops only after the first epoch, with no checkpoint written).
 - `EarlyStopping`: Lightning's, which under the CLI follows checkpoint.monitor and checkpoint.mode unless given its own.
-The sweep's metric and direction follow them too (sweep.py).
-Depends on lightning and the sibling module errors.py.
+The sweep's metric and direction follow them too (sweep/search.py).
+Depends on lightning and the engine's errors.py.
 """
 
 import lightning as L
 from lightning.pytorch.callbacks import EarlyStopping as LightningEarlyStopping
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from .errors import UsageError
+from ..errors import UsageError
 
 
 def metric_filename(monitor: str) -> str:

@@ -1,5 +1,5 @@
 """The part of a sweep that runs in each trial's `fit` process: `ReportToTrial`, the callback that reports the trial's
-metric to its study after each validation, prunes it, and records what it got (sweep.py starts the fit with it).
+metric to its study after each validation, prunes it, and records what it got (search.py starts the fit with it).
 Depends on Optuna and Lightning.
 """
 
@@ -7,7 +7,7 @@ import lightning as L
 import optuna
 from lightning.pytorch.callbacks import Callback
 
-from .errors import UsageError
+from ..errors import UsageError
 
 
 def pruner(pruning: bool) -> optuna.pruners.BasePruner:

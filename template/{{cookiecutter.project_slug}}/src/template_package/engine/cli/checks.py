@@ -17,9 +17,9 @@ import torch
 from lightning.fabric.plugins.precision.precision import _PRECISION_INPUT
 from lightning.pytorch.cli import LightningArgumentParser
 
-from .batch_layout import saved_layout
-from .errors import UsageError
-from .run_lock import RunDirectoryBusy, RunLock
+from ..errors import UsageError
+from ..resume.run_lock import RunDirectoryBusy, RunLock
+from ..training.batch_layout import saved_layout
 
 PRECISIONS = ["auto", *(p for p in get_args(get_args(_PRECISION_INPUT)[1]) if "transformer" not in p)]
 
@@ -225,7 +225,7 @@ def check_world_size(ckpt_path: str, checkpoint: dict, trainer: L.Trainer, allow
 
     Each rank's random state and data position, and the batches of every optimizer step follow from the world size.
     With `--allow_change world_size` the run goes on with the same global batch on the new number of processes
-    (batch_layout.py), which the checkpoint's recorded layout makes possible; otherwise it must not change."""
+    (training/batch_layout.py), which the checkpoint's recorded layout makes possible; otherwise it must not change."""
     rng_states = checkpoint.get("rng_states")  # one row per rank (resume.ResumableRNGState)
     saved = len(rng_states["torch"]) if rng_states else None
     world_size = trainer.world_size

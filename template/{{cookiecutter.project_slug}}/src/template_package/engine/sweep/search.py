@@ -22,19 +22,19 @@ What Optuna alone does not do here:
 - Parallel sweeps that agree on the count: the same command in several processes splits `n_trials` between them,
   asking for a new trial only under a lock on the study (`DIR/.sweep.lock`, or the database's own). With a database
   server, a process whose work is done waits for the trials still running elsewhere, to finish any whose process dies.
-- K-fold cross-validation (`--sweep.folds K`, for a DataModule with `folds` and `fold` arguments, engine/folds.py):
+- K-fold cross-validation (`--sweep.folds K`, for a DataModule with `folds` and `fold` arguments, engine/data/folds.py):
   a trial's value is the mean of its K folds' values, each fold a run directory `DIR/trial-<n>/fold-<i>` trained by
   `fit --ckpt_path last --data.folds K --data.fold i` (a killed sweep resumes the fold it was in; finished folds are
   not trained again); the table and best.yaml give the mean and the spread (standard deviation, numpy's: over the K
   values). Fold f reports its epoch e to the pruner at step f * max_epochs + e: Optuna keeps the first value reported
   at a step, so the folds need steps of their own, and the median pruner compares each fold's epoch with the same
   fold's epoch of the other trials (folds differ in difficulty); a trial may thus be pruned in any fold.
-- Pruning that stops cleanly (`ReportToTrial`, sweep_report.py). optuna-integration's
+- Pruning that stops cleanly (`ReportToTrial`, report.py). optuna-integration's
   PyTorchLightningPruningCallback raises TrialPruned out of `trainer.fit`: the trial ends without its final checkpoint
   and its process fails like a crash; it needs the study object in the training process; and a trial resumed after
   its pruning decision trains on.
 
-At the end, and with `--sweep.n_trials 0` (sweep_results.py): a table of the trials, `DIR/best.yaml` (the best trial's
+At the end, and with `--sweep.n_trials 0` (results.py): a table of the trials, `DIR/best.yaml` (the best trial's
 config, a preset for `fit -c DIR/best.yaml`; each trial's config is kept in the study, so that any process of the
 study writes it, wherever the best trial ran), `DIR/history.png` and `DIR/importances.png`. Needs
 `pip install -e ".[sweep]"` (Optuna, matplotlib, psycopg).
@@ -57,14 +57,14 @@ from pathlib import Path
 import optuna
 import yaml
 
-from .cli_help import program
-from .errors import UsageError
-from .run_lock import RunLock
+from ..cli.help import program
+from ..errors import UsageError
+from ..resume.run_lock import RunLock
+from .report import ReportToTrial, pruner
+from .results import format_value, results
 from .shared_study import Ownership, StudyLock, hidden_password, open_storage, translated_errors, try_acquire
-from .sweep_report import ReportToTrial, pruner  # noqa: F401 - ReportToTrial: the class path earlier studies name
-from .sweep_results import format_value, results
 
-PACKAGE = __name__.rsplit(".", 1)[0]
+ENGINE = __package__.rsplit(".", 1)[0]  # trials run `python -m <package>.engine fit`
 DISTRIBUTIONS = ("float", "int", "categorical")
 RUNNING, FINISHED = optuna.trial.TrialState.RUNNING, (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
 
@@ -208,7 +208,7 @@ def usage() -> str:
 def fit_config(settings: SweepSettings, fit_args: list[str]) -> dict:
     """A trial's fit config, parsed once before any trial exists: an unknown option in the search space or a bad fit
     option costs one line now, not a failed trial in the study."""
-    from .cli import main as cli
+    from ..cli.main import main as cli
 
     sample = [f"--{option}={first_value(spec)}" for option, spec in settings.space.items()]
     printed = io.StringIO()
@@ -440,7 +440,7 @@ class Sweep:
     def _fit(self, trial: optuna.Trial, params: dict, run_dir: Path, fold: int | None) -> int:
         """Run a trial's (fold's) `fit` process in `run_dir`, recording the trial's heartbeats while it runs; its exit
         code. A stop signal ends the sweep once the fit has saved: the next sweep resumes it."""
-        report = {"class_path": f"{PACKAGE}.sweep_report.ReportToTrial",
+        report = {"class_path": f"{ReportToTrial.__module__}.ReportToTrial",
                   "init_args": {"storage": self.settings.storage_url, "trial_number": trial.number,
                                 "metric": self.settings.metric, "pruning": self.settings.pruning,
                                 "fold": fold, "epochs_per_fold": self.stride}}  # fmt: skip
@@ -448,7 +448,7 @@ class Sweep:
         report_config = run_dir / "sweep_trial.yaml"
         report_config.write_text(yaml.safe_dump({"trainer": {"callbacks+": [report]}}))
         folds = [] if fold is None else [f"--data.folds={self.settings.folds}", f"--data.fold={fold}"]
-        command = [sys.executable, "-m", PACKAGE, "fit", *self.fit_args, "-c", str(report_config),
+        command = [sys.executable, "-m", ENGINE, "fit", *self.fit_args, "-c", str(report_config),
                    f"--trainer.default_root_dir={run_dir}", "--ckpt_path=last", *folds,
                    *(f"--{option}={value}" for option, value in params.items())]  # fmt: skip
         with (run_dir / "fit.log").open("a") as log:

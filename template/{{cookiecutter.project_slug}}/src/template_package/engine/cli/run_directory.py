@@ -8,8 +8,8 @@ from pathlib import Path
 import lightning as L
 from lightning.pytorch.loggers import CSVLogger, Logger
 
-from .loggers import RunMLFlowLogger
-from .resume import LastCheckpoint
+from ..report.loggers import RunMLFlowLogger
+from ..resume.last_checkpoint import LastCheckpoint
 
 
 def run_report(trainer: L.Trainer, run_dir: Path) -> str:
@@ -56,7 +56,7 @@ def resolve_resume(config) -> None:
 def configure_loggers(config, resumed_step: int | None) -> None:
     """Put every logger's files in the run directory, and make a fit that starts at `resumed_step` replace what
     earlier processes logged from that step on: what an interrupted run logged after its checkpoint, or, on a fresh
-    start (0), everything a run killed before its first checkpoint logged. So no step appears twice (loggers.py).
+    start (0), everything a run killed before its first checkpoint logged. So no step appears twice (report/loggers.py).
     (With one optimizer the loggers' step is the optimizer step.) `resumed_step` is None for validate, test and
     predict, which add to the run's logs."""
     loggers = config.trainer.logger

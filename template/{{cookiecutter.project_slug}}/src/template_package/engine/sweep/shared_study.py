@@ -32,8 +32,8 @@ from pathlib import Path
 import optuna
 import sqlalchemy
 
-from .errors import UsageError
-from .run_lock import RunDirectoryBusy, RunLock
+from ..errors import UsageError
+from ..resume.run_lock import RunDirectoryBusy, RunLock
 
 OWNER = "sweep_owner"  # a trial's system attribute: the host and DIR of the process that trains it
 ADVISORY_KEY = 0x7377656570  # "sweep": the PostgreSQL advisory lock of the database's study

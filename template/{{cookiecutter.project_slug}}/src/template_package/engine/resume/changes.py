@@ -13,7 +13,7 @@ epoch. Here:
   where it was going to end, and the added steps train at its final rate (`model.lr` x `model.min_lr_ratio`); a
   schedule stretched to the new length would jump back up (x70 seen on a 2-epoch run extended to 5).
 - The number of processes is checked on its own (checks.check_world_size): it changes only with `--allow_change
-  world_size`, keeping the run's global batch (batch_layout.py).
+  world_size`, keeping the run's global batch (training/batch_layout.py).
 
 The model's and data's settings are compared with the checkpoint's hyperparameters; the trainer's with the run's
 `config.yaml` beside its `checkpoints/` folder (a checkpoint from elsewhere has none: only model and data are
@@ -26,8 +26,8 @@ import lightning as L
 import yaml
 from lightning.pytorch.callbacks import Callback
 
-from .errors import UsageError
-from .schedulers import WarmupCosineSchedule
+from ..errors import UsageError
+from ..training.schedulers import WarmupCosineSchedule
 
 # Changing these changes what is computed: refused on a resume unless allowed with --allow_change.
 MATH = [
@@ -56,7 +56,7 @@ NOTICED = [
 def loading_options(data) -> set[str]:
     """The options of a DataModule (an instance, a class or a class path) that say how its data is loaded."""
     if isinstance(data, str):
-        from .checks import import_class
+        from ..cli.checks import import_class
 
         data = import_class(data)
     return {*LOADING_OPTIONS, *getattr(data, "loading_options", ())}

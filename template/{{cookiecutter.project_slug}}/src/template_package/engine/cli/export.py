@@ -18,15 +18,15 @@ from pathlib import Path
 import lightning as L
 import torch
 
-from .cli_help import program
-from .errors import UsageError
+from ..errors import UsageError
+from .help import program
 
 FORMATS = {".onnx": "onnx", ".pt2": "torch.export", ".pt": "torchscript"}
 
 
 def load_for_inference(ckpt_path: str, options: list[str] = ()) -> tuple[L.LightningModule, torch.Tensor]:
     """The model of a checkpoint in eval mode, built from its run's config, and its sample input."""
-    from .cli import build_cli, quiet_third_party_notices
+    from .main import build_cli, quiet_third_party_notices
 
     quiet_third_party_notices()
     run_config = Path(ckpt_path).resolve().parent.parent / "config.yaml"

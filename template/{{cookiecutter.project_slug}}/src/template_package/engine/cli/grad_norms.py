@@ -1,4 +1,4 @@
-"""`python -m template_package.engine.grad_norms [--steps N] [fit options]`: how large the gradients are, to pick
+"""`python -m template_package grad_norms [--steps N] [fit options]`: how large the gradients are, to pick
 `trainer.gradient_clip_val` the way the training-loop guides do: train a few steps without clipping and look at
 the distribution of the total gradient norm (the norm that clipping by norm compares with the clip value).
 
@@ -17,7 +17,8 @@ import lightning as L
 import yaml
 from lightning.pytorch.callbacks import Callback
 
-from .cli import main as cli
+from .help import program
+from .main import main as cli
 
 
 class GradNormRecorder(Callback):
@@ -44,7 +45,7 @@ def report(norms: list[float]) -> str:
 
 
 def main(argv: list[str] | None = None) -> list[float]:
-    parser = argparse.ArgumentParser(prog=f"python -m {__package__}.grad_norms", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog=f"{program()} grad_norms", description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=50, help="optimizer steps to measure (default: 50)")
     args, fit_args = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
     recorder = {"trainer": {"callbacks+": [{"class_path": f"{__name__}.GradNormRecorder"}]}}

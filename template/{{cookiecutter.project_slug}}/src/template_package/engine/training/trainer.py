@@ -17,11 +17,12 @@ from lightning.fabric.plugins.precision.precision import _PRECISION_INPUT
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint, ProgressBar
 from lightning.pytorch.plugins.precision import Precision
 
-from .durable import DurableCheckpointIO
-from .errors import UsageError
-from .loaders import ResumableLoaders
+from ..data.loaders import ResumableLoaders
+from ..errors import UsageError
+from ..resume.durable import DurableCheckpointIO
+from ..resume.last_checkpoint import LastCheckpoint
+from ..resume.rng import ResumableRNGState
 from .recipe import set_schedule_lengths
-from .resume import LastCheckpoint, ResumableRNGState
 
 
 class ScheduleLength(Callback):

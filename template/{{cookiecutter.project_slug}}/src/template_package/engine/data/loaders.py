@@ -10,11 +10,11 @@ at an epoch boundary. A TensorDataset is gathered a batch at a time (one index o
 and a stack per sample: ~1 ms, 6% of a digits step on 2 CPU cores).
 
 With drop_last, an epoch is whole global batches (the samples of one optimizer step on every process), and a run
-may go on on another number of processes (batch_layout.py). Validation loaders without a generator get one of their
-own (see ResumableLoaders). A train loader that cannot be made exact this way gets one notice, on rank 0, before
-the first training batch: an iterable dataset without a state of its own, a custom sampler or batch sampler,
+may go on on another number of processes (training/batch_layout.py). Validation loaders without a generator get one
+of their own (see ResumableLoaders). A train loader that cannot be made exact this way gets one notice, on rank 0,
+before the first training batch: an iterable dataset without a state of its own, a custom sampler or batch sampler,
 sampling with replacement.
-Depends on torch, torchdata, lightning and the sibling modules sampling.py, batch_layout.py and errors.py.
+Depends on torch, torchdata, lightning and sampling.py and the engine's training/batch_layout.py and errors.py.
 """
 
 import sys
@@ -28,9 +28,9 @@ from torch.utils.data._utils.collate import default_collate
 from torchdata.stateful_dataloader import StatefulDataLoader
 from torchdata.stateful_dataloader import sampler as torchdata_samplers
 
-from .batch_layout import KEY as LAYOUT
-from .batch_layout import BatchLayout, move_progress, saved_layout
-from .errors import UsageError
+from ..errors import UsageError
+from ..training.batch_layout import KEY as LAYOUT
+from ..training.batch_layout import BatchLayout, move_progress, saved_layout
 from .sampling import EpochShuffleSampler, SeededSamples
 
 # The samplers a DataLoader or StatefulDataLoader makes itself from batch_size and shuffle: torch's and torchdata's.
@@ -64,8 +64,8 @@ def why_not_resumable(loader) -> str | None:
 
 
 def why_no_layout(loader: DataLoader) -> str | None:
-    """Why the engine cannot lay out a resumable `loader`'s epochs in whole global batches (batch_layout.py), which a
-    run needs to go on on another number of processes; None when it can."""
+    """Why the engine cannot lay out a resumable `loader`'s epochs in whole global batches (training/batch_layout.py),
+    which a run needs to go on on another number of processes; None when it can."""
     if isinstance(loader.dataset, IterableDataset):
         return "it reads an iterable dataset"
     if isinstance(loader.sampler, EpochShuffleSampler):
@@ -135,8 +135,8 @@ class ResumableLoaders(Callback):
     its random draws then differed from there on, measured with 2 workers.) Added by the engine's Trainer to every
     run; it wraps the loader methods of the DataModule, or else of the module.
 
-    A train loader with drop_last reads epochs of whole global batches (batch_layout.py), and each checkpoint records
-    its layout: a run resumed on the same number of processes goes on with it, and with `world_size_may_change`
+    A train loader with drop_last reads epochs of whole global batches (training/batch_layout.py), and each checkpoint
+    records its layout: a run resumed on the same number of processes goes on with it, and with `world_size_may_change`
     (`fit --allow_change world_size`) one resumed on another number goes on with the same global batch, reading on
     from the global position where it stopped."""
 
