@@ -20,7 +20,7 @@ from template_package.engine.training.batch_layout import BatchLayout
 # The stand-in without BatchNorm, each sample's index in its batch; 2 epochs of 19 global batches of 64 samples
 # (1,257 samples: the last 41 of each epoch's order are left out).
 TASK = ["--model=elastic_task.IndexedStandIn", "--data=elastic_task.IndexedStandInData", "--trainer.max_epochs=2",
-        "--trainer.limit_val_batches=2", "--trainer.log_every_n_steps=1"]  # fmt: skip
+        "--trainer.limit_val_batches=2", "--trainer.log_every_n_steps=1", "--checkpoint.monitor=null"]  # fmt: skip
 ON_2 = [*DDP, "--data.batch_size=32"]  # 2 x 32 x 1
 ON_1 = ["--data.batch_size=16", "--trainer.accumulate_grad_batches=4"]  # 1 x 16 x 4
 STEPS = 2 * 19
@@ -35,17 +35,17 @@ def record(tmp_path: Path, name: str) -> tuple[str, Path]:
     return extra_config(tmp_path / f"{name}.yaml", callbacks=[callback]), path
 
 
-def killed_run(tmp_path: Path, args: list[str]) -> tuple[Path, Path]:
-    """A run frozen after optimizer step 12 of epoch 0 and SIGKILLed (its last.ckpt: step 10); its directory and
-    records."""
+def killed_run(tmp_path: Path, args: list[str], step: int = 12, every: int = 5, saved: int = 10) -> tuple[Path, Path]:
+    """A run frozen after optimizer step `step` and SIGKILLed, with last.ckpt every `every` steps (0: at epoch ends),
+    its last.ckpt then at step `saved`; its directory and records."""
     config, records = record(tmp_path, "killed")
-    freeze = {"class_path": "kill_points.FreezeAt",
-              "init_args": {"marker": str(tmp_path / "frozen"), "hook": "on_train_batch_end", "step": 12}}  # fmt: skip
+    frozen = {"marker": str(tmp_path / "frozen"), "hook": "on_train_batch_end", "step": step}
+    freeze = {"class_path": "kill_points.FreezeAt", "init_args": frozen}
     run_dir = tmp_path / "run"
     process = start_fit(run_dir, *TASK, *args, "-c", config, "-c", extra_config(tmp_path / "freeze.yaml", [freeze]),
-                        "--last_checkpoint.every_n_steps=5")  # fmt: skip
+                        f"--last_checkpoint.every_n_steps={every}")  # fmt: skip
     kill_when_frozen(process, tmp_path / "frozen")
-    assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 10
+    assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == saved
     return run_dir, records
 
 
@@ -105,6 +105,16 @@ def test_two_processes_killed_and_resumed_on_one_read_the_uninterrupted_runs_sam
     assert steps[11]["indices"] == uninterrupted[0][1]["indices"]  # step 11 read step 1's samples again
     with pytest.raises(AssertionError, match="step 11 read other samples"):
         assert_same_steps(uninterrupted, steps, control)
+
+
+@pytest.mark.slow
+def test_a_run_moved_from_an_epoch_end_checkpoint_trains_every_remaining_epoch(tmp_path, uninterrupted):
+    """2 processes with last.ckpt at epoch ends only, SIGKILLed in the first batch of epoch 1 (its last.ckpt: epoch 0's
+    end, step 19), resumed on 1: epoch 1 is trained whole, as the run that never stopped trained it."""
+    run_dir, killed = killed_run(tmp_path, ON_2, step=20, every=0, saved=19)
+    config, resumed = record(tmp_path, "resumed")
+    resume(run_dir, *TASK, "--data.batch_size=32", "-c", config, "--allow_change=world_size")
+    assert_same_steps(uninterrupted, recorded_steps(killed, resumed), run_dir)
 
 
 @pytest.mark.slow

@@ -17,6 +17,7 @@ import torch
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 
 from .resume.durable import CheckpointWriteError
+from .training.steps import steps_in
 
 
 class UsageError(ValueError):
@@ -86,7 +87,7 @@ def what_last_ckpt_holds(run_dir: Path) -> str:
     if not last.is_file():
         return f"no {last} was written"
     try:
-        step = torch.load(last, map_location="cpu", weights_only=True, mmap=True)["global_step"]
+        step = steps_in(torch.load(last, map_location="cpu", weights_only=True, mmap=True))
     except Exception as error:  # noqa: BLE001 - the message must still be one line
         return f"{last} cannot be read ({type(error).__name__})"
     return f"{last} still holds step {step}"

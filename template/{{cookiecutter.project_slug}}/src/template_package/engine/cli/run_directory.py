@@ -6,16 +6,18 @@ resumes the run in DIR, or starts it when there is nothing to resume yet; a fini
 from pathlib import Path
 
 import lightning as L
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger, Logger
 
 from ..report.loggers import RunMLFlowLogger
 from ..resume.last_checkpoint import LastCheckpoint
+from ..training.steps import training_steps
 
 
 def run_report(trainer: L.Trainer, run_dir: Path) -> str:
     """What a finished fit got and where it is, printed whether a progress bar showed it or not."""
     lines = []
-    best = trainer.checkpoint_callback
+    best = next((callback for callback in trainer.callbacks if isinstance(callback, ModelCheckpoint)), None)
     if best is not None and best.monitor and best.monitor in trainer.callback_metrics:
         final = f"{best.monitor} {float(trainer.callback_metrics[best.monitor]):.4f} at the end"
         if best.best_model_path:
@@ -23,7 +25,7 @@ def run_report(trainer: L.Trainer, run_dir: Path) -> str:
         lines.append(final)
     last = run_dir / "checkpoints" / LastCheckpoint.FILENAME
     if last.is_file():
-        lines.append(f"last state (step {trainer.global_step}): {last}; continue it with --ckpt_path last")
+        lines.append(f"last state (step {training_steps(trainer)}): {last}; continue it with --ckpt_path last")
     for logger in trainer.loggers:
         lines.append(f"look at the run: {how_to_look_at(logger)}")
     return "\n".join(lines)

@@ -5,6 +5,8 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from ..training.steps import logged_step
+
 
 class ConfusionMatrixImage(Callback):
     """Logs the validation confusion matrix to TensorBoard as a grayscale image, rows normalised (recall per class).
@@ -46,4 +48,4 @@ class ConfusionMatrixImage(Callback):
         image = matrix.repeat_interleave(self.pixels_per_cell, 0).repeat_interleave(self.pixels_per_cell, 1)
         for logger in trainer.loggers:
             if trainer.is_global_zero and not trainer.sanity_checking and hasattr(logger.experiment, "add_image"):
-                logger.experiment.add_image("val/confusion_matrix", image.unsqueeze(0).cpu(), trainer.global_step)
+                logger.experiment.add_image("val/confusion_matrix", image.unsqueeze(0).cpu(), logged_step(trainer))

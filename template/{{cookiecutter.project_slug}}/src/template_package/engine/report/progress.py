@@ -19,6 +19,13 @@ class TimedProgressBar(TQDMProgressBar):
         self.refresh_seconds = refresh_seconds
         self._drawn = 0.0
 
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        """End the bars' line, so that the error's one line starts a line of its own."""
+        for bar in (self._train_progress_bar, self._val_progress_bar):
+            if bar is not None and not bar.disable:
+                bar.leave = True
+                bar.close()
+
     def _due(self) -> bool:
         now = time.monotonic()
         if now - self._drawn >= self.refresh_seconds:

@@ -18,14 +18,17 @@ from pathlib import Path
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.callbacks import Checkpoint
 from lightning.pytorch.plugins.io import AsyncCheckpointIO
 from lightning.pytorch.strategies import Strategy
 from lightning_utilities.core.apply_func import apply_to_collection
 
 from ..errors import UsageError
+from ..training.steps import KEY as STEPS
+from ..training.steps import steps_in, training_steps
 from .durable import CheckpointWriteError, DurableCheckpointIO
 from .stop_signals import STOP_SIGNALS
+from .validation import dump_checkpoint
 
 
 def snapshot(checkpoint: dict) -> tuple[dict, torch.cuda.Event | None]:
@@ -48,24 +51,31 @@ def snapshot(checkpoint: dict) -> tuple[dict, torch.cuda.Event | None]:
     return state, event
 
 
-class LastCheckpoint(Callback):
-    """Keeps `dirpath/last.ckpt` at most `every_n_steps` optimizer steps behind training, writes the final state when
+class LastCheckpoint(Checkpoint):
+    """Keeps `dirpath/last.ckpt` at most `every_n_steps` training steps behind training, writes the final state when
     training ends (whatever ended it), and saves the state before a stopped run exits.
+
+    It is a Lightning `Checkpoint`, so Lightning calls its epoch-end hook after the module's own and after the other
+    callbacks' (as for its ModelCheckpoint): a state saved at an epoch's end holds everything the epoch's end changed
+    (schedules a module steps in `on_train_epoch_end`, say), and a run resumed from it goes on with the next epoch.
 
     Args:
         dirpath: folder of `last.ckpt`; the CLI sets it to `<default_root_dir>/checkpoints`.
-        every_n_steps: write whenever the optimizer step count reaches a multiple of this (0: at every epoch end
-            instead). A write comes right after an optimizer step, never inside a gradient-accumulation window; one
-            due on an epoch's last batch is made at the epoch end, after validation. The default, 1000, bounds
-            the loss on a crash, not on preemption (a stop signal saves the current step). With a write every 100
-            steps (every 1.5 s), a ResNet-18 run (141 MB state) on an H200 was 21-27% slower than with checkpointing
-            and logging off; a write at every epoch end would cost more than the training on digits (19-step epochs).
+        every_n_steps: write whenever the training step count (training/steps.py: optimizer steps under automatic
+            optimization, batches under manual optimization, the x-axis of the logs) reaches a multiple of this (0: at
+            every epoch end instead). A write comes right after an optimizer step, never inside a
+            gradient-accumulation window; one due on an epoch's last batch is made at the epoch end, after validation.
+            The default, 1000, bounds the loss on a crash, not on preemption (a stop signal saves the current step).
+            With a write every 100 steps (every 1.5 s), a ResNet-18 run (141 MB state) on an H200 was 21-27% slower
+            than with checkpointing and logging off; a write at every epoch end would cost more than the training on
+            digits (19-step epochs).
 
     On SIGTERM, SIGUSR1 (what SLURM and Kubernetes send before they stop a job) or Ctrl-C, training finishes the
-    current optimizer step, writes `last.ckpt` and exits with 128 + the signal number (143, 138, 130), so that a
-    scheduler sees a failure and requeues the job; `fit --ckpt_path last` then resumes it exactly. A write that fails
-    (a full disk, say) stops the run at the next optimizer step with `durable.CheckpointWriteError`; `last.ckpt` keeps
-    the previous state, byte for byte.
+    current optimizer step (or the current validation batch), writes `last.ckpt` and exits with 128 + the signal
+    number (143, 138, 130), so that a scheduler sees a failure and requeues the job; `fit --ckpt_path last` then
+    resumes it exactly (a validation that was interrupted is done again, from its start). A write that fails (a full
+    disk, say) stops the run at the next optimizer step with `durable.CheckpointWriteError`; `last.ckpt` keeps the
+    previous state, byte for byte.
     """
 
     FILENAME = "last.ckpt"
@@ -75,7 +85,8 @@ class LastCheckpoint(Callback):
             raise UsageError(f"every_n_steps={every_n_steps} must be >= 0 (0 writes at every epoch end)")
         self.dirpath = Path(dirpath)
         self.every_n_steps = every_n_steps
-        self._saved_at_step = -1
+        self._saved_at = -1  # the training steps of the state last staged, or of the checkpoint resumed
+        self._staged_here: int | None = None  # the training steps of the state this process staged last
         self._staged: tuple[dict, torch.cuda.Event | None] | None = None  # a state waiting to be written
         self._io = DurableCheckpointIO()
         self._writer: ThreadPoolExecutor | None = None  # rank 0's writes, one at a time
@@ -112,14 +123,34 @@ class LastCheckpoint(Callback):
             self.tmp_path.unlink(missing_ok=True)
             self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="last-checkpoint")
 
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+        checkpoint[STEPS] = training_steps(trainer)  # where a run resumed from it logs on (cli/run_directory.py)
+
+    def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+        self._saved_at = steps_in(checkpoint)  # writing this state again would be a write mid-window
+        # No sanity check in a resumed run: the run's start made it, and Lightning skips it mid-epoch itself, but at an
+        # epoch boundary it would run the module's validation hooks once more than the run that never stopped did.
+        trainer.num_sanity_val_steps = 0
+
     def on_sanity_check_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         STOP_SIGNALS.install()  # take the signals back from the handler Lightning has just installed
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # A resumed run has just loaded this step's state: writing it again would be a write mid-window.
-        self._saved_at_step = trainer.global_step
+        self._saved_at = max(self._saved_at, 0)
         STOP_SIGNALS.install()
-        STOP_SIGNALS.defer()  # from now on a signal is saved at the next optimizer step, see on_train_batch_end
+        STOP_SIGNALS.defer()  # from now on a signal is saved at the next optimizer step, see after_the_batch
+        # Lightning calls every callback's on_train_batch_end before the module's own, where a module may change its
+        # state (an EMA of its weights, say): the state of a step is taken after the module's hook.
+        module_hook = pl_module.on_train_batch_end
+
+        def then_the_checkpoint(outputs, batch, batch_idx: int) -> None:
+            module_hook(outputs, batch, batch_idx)
+            self.after_the_batch(trainer)
+
+        pl_module.on_train_batch_end = then_the_checkpoint
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._write_staged_then_exit_if_stopping(trainer)
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int) -> None:
         self._write_staged_then_exit_if_stopping(trainer)
@@ -128,9 +159,18 @@ class LastCheckpoint(Callback):
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._write_staged_then_exit_if_stopping(trainer)
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
-        step = trainer.global_step
-        if step == self._step_at_batch_start:
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        """A signal during a validation of training stops it within a batch: the state saved is the training state
+        as validation found it (validation.py), and the resumed run does the validation again."""
+        if trainer.sanity_checking or not STOP_SIGNALS.deferred or not self._stopping(trainer):
+            return
+        self._stage(trainer)
+        self._exit_code = STOP_SIGNALS.exit_code or 128 + signal.SIGTERM
+        self._write_staged_then_exit_if_stopping(trainer)
+
+    def after_the_batch(self, trainer: L.Trainer) -> None:
+        """After a training batch's hooks, the module's own included (see on_train_start)."""
+        if trainer.global_step == self._step_at_batch_start:
             return  # inside an accumulation window: the optimizer has not stepped, the state is not a step's state
         stopping = self._stopping(trainer)  # (raises at once if a write failed)
         if trainer.is_last_batch:
@@ -142,32 +182,37 @@ class LastCheckpoint(Callback):
         # max_steps ends training is saved here too: the state Lightning leaves at the end of training counts the
         # interrupted epoch as finished, and a run resumed from it with a larger max_steps trained nothing.
         ends = self._training_ends(trainer)
-        if ends or stopping or self._is_due(step, epoch_end=False):
+        if ends or stopping or self._is_due(training_steps(trainer), epoch_end=False):
             self._stage(trainer)
         if stopping and not ends:  # (when training ends anyway, the process exits with the signal's code after it)
             self._exit_code = STOP_SIGNALS.exit_code or 128 + signal.SIGTERM
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """After the module's own epoch-end hook and every other callback's (a Checkpoint's place). The state staged
+        here is written at the next hook, once Lightning has logged the epoch's metrics; a signal during the epoch's
+        last batch or its validation stops there, unless training ends anyway: then on_train_end writes the final
+        state, and the process exits with the signal's code after it."""
         self._write_staged_then_exit_if_stopping(trainer)
-        # A signal during the epoch's last batch or its validation stops here, unless training ends anyway: then
-        # on_train_end writes the final state, and the process exits with the signal's code after it.
-        if self._stopping(trainer) and not self._training_ends(trainer):
+        if self._training_ends(trainer):
+            return  # (the last epoch's state is written by on_train_end, with the epoch counted as done)
+        if self._stopping(trainer):
             self._stage(trainer)
             self._exit_code = STOP_SIGNALS.exit_code or 128 + signal.SIGTERM
-            self._write_staged_then_exit_if_stopping(trainer)
-        elif self._is_due(trainer.global_step, epoch_end=True) and not self._training_ends(trainer):
-            self._stage(trainer)  # (the last epoch's is written by on_train_end, with the epoch counted as done)
+        elif self._is_due(training_steps(trainer), epoch_end=True):
+            self._stage(trainer)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # The final state, whether max_epochs, early stopping or max_time ended training (max_steps mid-epoch was
         # saved at its step). Saved here rather than at the last epoch end: an EarlyStopping that checks at epoch
-        # ends decides after this callback.
+        # ends may stop a run there that has epochs left.
         self._write_staged(trainer)
-        if trainer.global_step != self._saved_at_step:
+        # (A run resumed from a checkpoint taken during validation validates again without a step: written too.)
+        if training_steps(trainer) != self._staged_here:
             self._stage(trainer)
             self._write_staged(trainer)
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        vars(pl_module).pop("on_train_batch_end", None)  # the module's own hook again
         if not isinstance(exception, OSError):  # after a failed write, do not try another
             self._write_staged(trainer)  # a state saved before the failing step is still a good one
         try:
@@ -180,6 +225,7 @@ class LastCheckpoint(Callback):
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
+        vars(pl_module).pop("on_train_batch_end", None)  # the module's own hook again
         try:
             self._wait_for_write()
         finally:
@@ -192,7 +238,7 @@ class LastCheckpoint(Callback):
         """Whether the step count has reached a multiple of `every_n_steps` since the last write."""
         if self.every_n_steps == 0:
             return epoch_end
-        return step // self.every_n_steps > self._saved_at_step // self.every_n_steps
+        return step // self.every_n_steps > self._saved_at // self.every_n_steps
 
     @staticmethod
     def _training_ends(trainer: L.Trainer) -> bool:
@@ -220,13 +266,13 @@ class LastCheckpoint(Callback):
         if trainer.fast_dev_run or trainer.sanity_checking:
             return  # a smoke run must not replace a real run's checkpoint
         self._wait_for_write()  # one write at a time, so snapshots cannot pile up in memory
-        checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)  # on every rank
+        checkpoint = dump_checkpoint(trainer)  # on every rank
         if not self._writes_in_background(trainer):
             self._staged = (checkpoint, None)
         elif self._writer is not None:  # rank 0
             self._staged = snapshot(checkpoint)
         trainer.strategy.barrier("last_checkpoint")
-        self._saved_at_step = trainer.global_step
+        self._saved_at = self._staged_here = checkpoint[STEPS]
 
     @staticmethod
     def _writes_in_background(trainer: L.Trainer) -> bool:
@@ -260,7 +306,7 @@ class LastCheckpoint(Callback):
             self._wait_for_write()
             if trainer.is_global_zero:
                 name = signal.Signals(self._exit_code - 128).name if self._exit_code > 128 else "a signal"
-                print(f"stopped by {name}: {self.path} holds step {self._saved_at_step}", file=sys.stderr)
+                print(f"stopped by {name}: {self.path} holds step {self._saved_at}", file=sys.stderr)
             raise SystemExit(self._exit_code)
 
     def _wait_for_write(self) -> None:

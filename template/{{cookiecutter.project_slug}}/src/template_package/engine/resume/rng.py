@@ -62,7 +62,8 @@ class ResumableRNGState(Callback):
     processes (training/batch_layout.py) seeds each rank's generators from (seed, step, rank) instead.
 
     Validation during training leaves the random states as it found them: a validation_step that samples would
-    otherwise shift the training's draws, and differently in a resumed run, which skips the sanity check. (The eval
+    otherwise shift the training's draws, and differently in a resumed run, which skips the sanity check. A checkpoint
+    taken during validation holds the states validation found. (The eval
     loaders' worker seeds come from generators of their own: loaders.ResumableLoaders.)
     """
 
@@ -81,7 +82,8 @@ class ResumableRNGState(Callback):
             self._before_validation = None
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
-        states = rng_state_tensors(pl_module.device)
+        # During a validation of training (a stop signal there, validation.py): the states validation found.
+        states = self._before_validation or rng_state_tensors(pl_module.device)
         if trainer.world_size > 1:  # one row per rank; rank 0 writes them all
             states = {k: gather_rows(v.to(pl_module.device), trainer.world_size) for k, v in states.items()}
         else:

@@ -67,7 +67,7 @@ def saved_layout(checkpoint: dict) -> BatchLayout | None:
 
 def move_progress(checkpoint: dict, saved: BatchLayout, new: BatchLayout) -> tuple[int, int]:
     """Rewrite the checkpoint's training loop state for `new` (called before Lightning restores it), and return the
-    epoch and the global position in it to read on from.
+    epoch and the global position in it to read on from (0: a checkpoint of an epoch's end reads the next one whole).
 
     Lightning counts batches per process: the batches of this epoch and of the run become the new layout's batches
     for the same optimizer steps. The loader's own state (a position in one process's share) is dropped: the train
@@ -81,5 +81,7 @@ def move_progress(checkpoint: dict, saved: BatchLayout, new: BatchLayout) -> tup
         ready = counters["ready"]
         for name in counters:  # (completed lags ready by the batch whose end the checkpoint was taken at)
             counters[name] = steps * new.accumulate + counters[name] - ready
-    epoch = loop["epoch_progress"]["current"]["processed"]  # (the epoch in progress, as Lightning counts it)
-    return epoch, steps_in_epoch * saved.global_batch
+    epochs = loop["epoch_progress"]["current"]
+    # A checkpoint of an epoch's end (its batches processed, its end hooks run) goes on with the next epoch's start.
+    in_progress = epochs["started"] > epochs["processed"]
+    return epochs["processed"], steps_in_epoch * saved.global_batch if in_progress else 0

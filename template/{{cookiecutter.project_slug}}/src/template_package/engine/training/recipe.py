@@ -24,6 +24,7 @@ from torch import Tensor, nn
 
 from ..errors import NonFiniteLoss, UsageError
 from .schedulers import WarmupCosineSchedule
+from .steps import logged_step
 
 
 def weight_decay_groups(module: nn.Module, weight_decay: float) -> list[dict]:
@@ -174,12 +175,11 @@ class TrainingRecipe(L.LightningModule):
         if isinstance(loss, Tensor):  # Lightning divides each batch's loss by the accumulation: summed, their mean
             loss = loss.detach()
             self._window_loss = loss if self._window_loss is None else self._window_loss + loss
-        step = self.trainer.global_step
-        if step == self._step_at_batch_start:  # inside an accumulation window: no optimizer step was taken
+        if self.trainer.global_step == self._step_at_batch_start:  # inside an accumulation window: no optimizer step
             return
         window_loss, self._window_loss = self._window_loss, None
-        every = self.trainer.log_every_n_steps
-        if not (self.trainer.fast_dev_run or (every > 0 and step % every == 0)):
+        every, step = self.trainer.log_every_n_steps, logged_step(self.trainer)  # (Lightning's x-axis: steps.py)
+        if not (self.trainer.fast_dev_run or (every > 0 and (step + 1) % every == 0)):
             return
         metrics = dict(self._step_metrics)
         if window_loss is not None:  # every process's share of the global batch (every process logs the same steps)
@@ -187,7 +187,7 @@ class TrainingRecipe(L.LightningModule):
         self._step_metrics = {}
         values = {name: float(value) for name, value in metrics.items()}
         for logger in self.loggers:
-            logger.log_metrics(values, step=step - 1)
+            logger.log_metrics(values, step=step)
 
 
 def unscale_fused_gradients(plugin: Precision, optimizer) -> None:

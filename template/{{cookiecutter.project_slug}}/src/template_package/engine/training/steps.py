@@ -1,0 +1,32 @@
+"""What the engine counts as a training step: Lightning's own x-axis, so that one run has one.
+
+`self.log` writes a batch's metrics at `fit_loop.epoch_loop._batches_that_stepped`: the batches after which an
+optimizer stepped. Under automatic optimization that is `trainer.global_step`; under manual optimization
+`global_step` counts every `optimizer.step()` (two a batch for a GAN) while the loggers count batches. The engine's
+own metrics (train/loss, lr, perf/*), `last_checkpoint.every_n_steps` and the step a resumed run logs from all count
+`training_steps`, so they line up with what the module logs. Depends on lightning only.
+"""
+
+import lightning as L
+
+KEY = "training_steps"  # in a checkpoint: the training steps done when it was taken (`training_steps`)
+
+
+def training_steps(trainer: L.Trainer) -> int:
+    """The training steps done so far, the current batch's included once its optimizer step is taken (Lightning
+    counts it only after the batch's hooks, and after the validation that may follow it)."""
+    loop = trainer.fit_loop.epoch_loop
+    progress = loop.batch_progress.current
+    batch_not_counted = (progress.processed > progress.completed or trainer.validating) and progress.processed > 0
+    return loop._batches_that_stepped + (batch_not_counted and not loop._should_accumulate())
+
+
+def logged_step(trainer: L.Trainer) -> int:
+    """The step at which the current (or, at an epoch end, the last) training batch's metrics are logged."""
+    return training_steps(trainer) - 1
+
+
+def steps_in(checkpoint: dict) -> int:
+    """The training steps a checkpoint was taken after: where a run resumed from it logs on (its global step for a
+    checkpoint written before the engine recorded them, the same under automatic optimization)."""
+    return checkpoint.get(KEY, checkpoint["global_step"])
