@@ -226,7 +226,7 @@ def test_every_preset_parses(preset: str, capsys):
 
 
 def test_progress_bar_redraws_by_time_and_shows_each_epochs_count(run_dir: Path, monkeypatch):
-    """TimedProgressBar with a 1-minute period: 3 quick epochs draw the training bar only after each validation and
+    """TimedProgressBar with a 1-hour period: 3 quick epochs draw the training bar only after each validation and
     at the end (Lightning's bar: ~4 draws an epoch, plus one every 10 batches), each time with the count of the
     batches trained, not the count it had when last drawn."""
     from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
@@ -241,7 +241,7 @@ def test_progress_bar_redraws_by_time_and_shows_each_epochs_count(run_dir: Path,
         return display(self, *args, **kwargs)
 
     monkeypatch.setattr(Tqdm, "display", recording_display)
-    monkeypatch.setattr(TimedProgressBar.__init__, "__defaults__", (60.0, False))  # refresh_seconds, leave
+    monkeypatch.setattr(TimedProgressBar.__init__, "__defaults__", (3600.0, False))  # refresh_seconds, leave
     cli("fit", f"--trainer.default_root_dir={run_dir}", "--trainer.max_epochs=3", "--trainer.limit_train_batches=6")
     assert [desc for desc, _, _ in drawn] == ["Epoch 0: ", "Epoch 1: ", "Epoch 2: ", "Epoch 2: "]  # validations, end
     assert all(n == total == 6 for _, n, total in drawn), drawn

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import lightning as L
 import torch
+import yaml
 from torch.utils.data import DataLoader
 
 import template_package
@@ -72,13 +73,10 @@ model:
     lr: 0.3
 data:
   class_path: their_project.model.PointsData
-trainer:
-  max_epochs: 4
-  enable_progress_bar: false
 checkpoint:
   monitor: val/mse
   mode: min
-"""
+"""  # their classes and their metric only: the engine's defaults (seed, determinism, clipping, loggers) are its own
 
 
 def engine_imports() -> dict[str, set[str]]:
@@ -119,7 +117,8 @@ def test_the_engine_imports_nothing_outside_itself_and_has_no_import_circle():
                 )
 
 
-def test_the_engine_copied_into_another_project_trains_its_own_model(tmp_path):
+def copied_engine(tmp_path: Path) -> tuple[Path, dict]:
+    """The engine copied into another project with a model and data of its own; the project and its environment."""
     project = tmp_path / "their_repo"
     package = project / "src" / "their_project"
     shutil.copytree(ENGINE, package / "engine", ignore=shutil.ignore_patterns("__pycache__"))
@@ -128,10 +127,21 @@ def test_the_engine_copied_into_another_project_trains_its_own_model(tmp_path):
     (package / "model.py").write_text(THEIR_MODEL)
     (project / "configs").mkdir()
     (project / "configs" / "default.yaml").write_text(THEIR_CONFIG)
-    env = {**os.environ, "PYTHONPATH": str(project / "src"), "OMP_NUM_THREADS": "1"}  # not this project's src/
+    return project, {**os.environ, "PYTHONPATH": str(project / "src"), "OMP_NUM_THREADS": "1"}  # not this src/
+
+
+def their_command(project: Path, env: dict, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "their_project", *args], cwd=project, env=env, capture_output=True,
+                          text=True, timeout=600)  # fmt: skip
+
+
+def test_the_engine_copied_into_another_project_trains_its_own_model_with_the_engines_defaults(tmp_path):
+    """A config naming only their classes and their metric: the engine's seed, determinism, clipping, run directory
+    and TensorBoard layout all hold, and a resumed run goes on in the same TensorBoard run."""
+    project, env = copied_engine(tmp_path)
     run_dir = tmp_path / "run"
-    fit = subprocess.run([sys.executable, "-m", "their_project", "fit", f"--trainer.default_root_dir={run_dir}"],
-                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    fit = their_command(project, env, "fit", f"--trainer.default_root_dir={run_dir}", "--trainer.max_epochs=4",
+                        "--trainer.enable_progress_bar=false")  # fmt: skip
     assert fit.returncode == 0, fit.stderr[-3000:]
     assert "notice" not in fit.stderr
     checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
@@ -140,7 +150,40 @@ def test_the_engine_copied_into_another_project_trains_its_own_model(tmp_path):
     weight, bias = checkpoint["state_dict"]["layer.weight"].item(), checkpoint["state_dict"]["layer.bias"].item()
     assert abs(weight - 3) < 0.3 and abs(bias + 1) < 0.3, (weight, bias)
     assert list((run_dir / "checkpoints").glob("epoch=*-val_mse=*.ckpt"))  # the best by their own metric
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
     assert "template_package" not in (run_dir / "config.yaml").read_text()
+    assert config["seed_everything"] == 42 and config["trainer"]["deterministic"] is True
+    assert config["trainer"]["gradient_clip_val"] == 1.0 and config["trainer"]["gradient_clip_algorithm"] == "norm"
+    assert [c["class_path"] for c in config["trainer"]["callbacks"]] == [
+        "their_project.engine.report.progress.TimedProgressBar",
+        "their_project.engine.report.throughput.Throughput",
+    ]
+    events = sorted(run_dir.glob("events.out.tfevents.*"))
+    resumed = their_command(project, env, "fit", f"--trainer.default_root_dir={run_dir}", "--ckpt_path=last",
+                            "--trainer.max_epochs=5", "--trainer.enable_progress_bar=false")  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert len(sorted(run_dir.glob("events.out.tfevents.*"))) == len(events) + 1  # the same TensorBoard run
+    assert not list(run_dir.rglob("version_*")) and not (project / "lightning_logs").exists()
+
+
+def test_the_guarantee_kit_runs_in_the_copied_engine(tmp_path):
+    project, env = copied_engine(tmp_path)
+    kit = their_command(project, env, "guarantees", f"--folder={tmp_path / 'kit'}")
+    assert kit.returncode == 0, kit.stdout + kit.stderr[-3000:]
+    assert kit.stdout.splitlines() == ["passed: repeatable", "passed: exact resume"]  # (their data takes no workers)
+
+
+def test_the_engines_requirements_are_the_projects_dependencies_but_the_examples():
+    import tomllib
+
+    requirements = [line for line in (ENGINE / "requirements.txt").read_text().splitlines()
+                    if line and not line.startswith("#")]  # fmt: skip
+    project = tomllib.loads((ENGINE.parents[2] / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert set(requirements) <= set(project)
+    assert {dependency.split(">=")[0] for dependency in set(project) - set(requirements)} <= {
+        "torchvision",
+        "scikit-learn",
+    }  # (the image classifier example's)
 
 
 def test_resume_modules_keep_last_ckpt_with_a_bare_trainer(tmp_path):
@@ -149,8 +192,9 @@ def test_resume_modules_keep_last_ckpt_with_a_bare_trainer(tmp_path):
 
     L.seed_everything(0)
     callbacks = [LastCheckpoint(str(tmp_path / "ckpt"), every_n_steps=5), ResumableRNGState()]
-    trainer = L.Trainer(max_epochs=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                        callbacks=callbacks, limit_train_batches=6, limit_val_batches=0)  # fmt: skip
+    # (LastCheckpoint is a Lightning Checkpoint: with it, Lightning adds no ModelCheckpoint of its own.)
+    trainer = L.Trainer(max_epochs=2, logger=False, enable_progress_bar=False, callbacks=callbacks,
+                        limit_train_batches=6, limit_val_batches=0)  # fmt: skip
     trainer.fit(BoringModel(), DataLoader(RandomDataset(32, 64), batch_size=2))
     checkpoint = torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=True)
     assert checkpoint["global_step"] == 12 and "rng_states" in checkpoint

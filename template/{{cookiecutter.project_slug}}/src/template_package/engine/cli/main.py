@@ -30,6 +30,7 @@ from ..resume.last_checkpoint import LastCheckpoint
 from ..resume.run_lock import RunLock, is_global_rank_zero
 from ..resume.stop_signals import STOP_SIGNALS
 from ..training.monitor import BestCheckpoints, follow_the_monitored_metric
+from ..training.steps import steps_in
 from ..training.trainer import Trainer
 from .checks import (
     check_architecture,
@@ -49,6 +50,21 @@ from .run_directory import checkpoint_dir, configure_loggers, predictions_csv, r
 ENGINE = __package__.rsplit(".", 1)[0]  # this engine, wherever it was copied
 
 
+def reporting_defaults() -> dict:
+    """The engine's loggers and reporting callbacks, for any config (one that names only your classes too): TensorBoard
+    in the run directory, one run across resumes (run_directory.configure_loggers), the progress bar redrawn by time
+    and the throughput. A config's `trainer.logger` or `trainer.callbacks` replace them; `callbacks+:` adds to them.
+    (The Trainer's own defaults, in its signature: training/trainer.py; the seed: build_cli.)"""
+    tensorboard = {"save_dir": ".", "name": "", "version": "", "default_hp_metric": False}  # events in the run dir
+    return {
+        "trainer.logger": [{"class_path": "lightning.pytorch.loggers.TensorBoardLogger", "init_args": tensorboard}],
+        "trainer.callbacks": [
+            {"class_path": f"{ENGINE}.report.progress.TimedProgressBar"},
+            {"class_path": f"{ENGINE}.report.throughput.Throughput"},
+        ],
+    }
+
+
 def find_default_config() -> Path | None:
     """The project's configs/default.yaml: in the nearest folder above this engine that has one (the project root of
     an editable install, `pip install -e .`), wherever the engine was copied. None: every option from the command."""
@@ -59,6 +75,7 @@ def find_default_config() -> Path | None:
 
 
 DEFAULT_CONFIG = find_default_config()
+SEED = 42  # seed_everything's default: python, numpy, torch, CUDA and every loader worker
 
 
 class RunConfigCallback(SaveConfigCallback):
@@ -148,6 +165,7 @@ class ProjectCLI(LightningCLI):
         for key in ("checkpoint.dirpath", "last_checkpoint.dirpath"):
             parser.link_arguments("trainer.default_root_dir", key, compute_fn=checkpoint_dir)
         parser.link_arguments("trainer.default_root_dir", "predictions.path", compute_fn=predictions_csv)
+        parser.set_defaults(reporting_defaults())
         parser.add_argument(
             "--allow_change", type=str, default="",
             help="options, comma-separated, that may differ from the checkpoint's when fit resumes a run (see "
@@ -174,7 +192,7 @@ class ProjectCLI(LightningCLI):
         self.checkpoint = check_checkpoint(config.ckpt_path, config.weights_only) if config.ckpt_path else None
         if self.checkpoint is not None:
             check_checkpoint_class(config.ckpt_path, self.checkpoint, config)
-        resumed_step = (self.checkpoint["global_step"] if self.checkpoint else 0) if subcommand == "fit" else None
+        resumed_step = (steps_in(self.checkpoint) if self.checkpoint else 0) if subcommand == "fit" else None
         check_logger_extras(config.trainer.logger)
         configure_loggers(config, resumed_step)
 
@@ -217,10 +235,11 @@ class ProjectCLI(LightningCLI):
             ("data", "datamodule_hyper_parameters", runtime),
         ):
             given, default = config[section], defaults.get(section)
-            if given is None:
-                continue
+            if given is None or not given.get("init_args"):
+                continue  # (a class that takes no arguments: nothing to take)
             if default is None or default.class_path != given.class_path:  # another class: its own defaults
-                default = Namespace(init_args=class_options(section, given.class_path).get_defaults()[section])
+                own = class_options(section, given.class_path).get_defaults().get(section) or Namespace()
+                default = Namespace(init_args=own)
             for name, value in (self.checkpoint.get(key) or {}).items():
                 if name.startswith("_") or name not in given.init_args or name in skip or names_a_class(value):
                     continue  # (an object to build comes from the config, never from a checkpoint)
@@ -354,6 +373,7 @@ def build_cli(args: list[str] | None, run_subcommand: bool = True) -> ProjectCLI
         parser_kwargs={**top, **dict.fromkeys(evaluations, defaults)},
         args=args,
         auto_configure_optimizers=False,
+        seed_everything_default=SEED,
         run_subcommand=run_subcommand,
     )
 

@@ -1,12 +1,15 @@
 """The metric a run optimises, named in one place: `checkpoint.monitor` and `checkpoint.mode` (configs/default.yaml).
 
 - `BestCheckpoints`: Lightning's ModelCheckpoint, whose file names follow the monitored metric
-  (`epoch=3-val_loss=1.2345.ckpt`) and which stops a run at the end of its sanity check, before any training, when the
-  model does not log that metric (Lightning's own stops only after the first epoch, with no checkpoint written).
+  (`epoch=3-val_loss=1.2345.ckpt`) and which stops a run at its first validation (the sanity check's, before any
+  training) when the model does not log that metric (Lightning's own stops only after the first epoch); without a
+  metric to monitor, last.ckpt only.
 - `EarlyStopping`: Lightning's, which under the CLI follows checkpoint.monitor and checkpoint.mode unless given its own.
 The sweep's metric and direction follow them too (sweep/search.py).
 Depends on lightning and the engine's errors.py.
 """
+
+import sys
 
 import lightning as L
 from lightning.pytorch.callbacks import EarlyStopping as LightningEarlyStopping
@@ -23,6 +26,11 @@ def metric_filename(monitor: str) -> str:
 class BestCheckpoints(ModelCheckpoint):
     """Lightning's ModelCheckpoint; `filename` left out names each file by its epoch and monitored value.
 
+    It checks the monitored metric at the first validation (the sanity check's, or else the first of training): a
+    module that does not log it stops there with one line naming what it does log, before any training is lost
+    (Lightning's own check comes only at the first checkpoint, after a whole epoch). `monitor=None` keeps no best
+    checkpoints, only last.ckpt (resume/last_checkpoint.py), and says so once.
+
     Args:
         filename: a ModelCheckpoint file name pattern; None: `metric_filename(monitor)`.
         **kwargs: ModelCheckpoint's own (monitor, mode, save_top_k, ...).
@@ -32,16 +40,41 @@ class BestCheckpoints(ModelCheckpoint):
         monitor = kwargs.get("monitor")
         if filename is None and monitor:
             filename, kwargs["auto_insert_metric_name"] = metric_filename(monitor), False
+        if not monitor:
+            kwargs["save_top_k"] = 0  # (Lightning refuses a top-k without a metric to rank by)
         super().__init__(filename=filename, **kwargs)
+        self._checked = False
+        self._before_validation: set[str] = set()
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        if stage == "fit" and not self.monitor and trainer.is_global_zero:
+            print("notice: checkpoint.monitor is null: no best checkpoints, only last.ckpt", file=sys.stderr)
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._before_validation = set(trainer.callback_metrics)
 
     def on_sanity_check_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        logged = [name for name in trainer.callback_metrics if name not in ("epoch", "step")]
-        if self.monitor and logged and self.monitor not in trainer.callback_metrics:
-            raise UsageError(
-                f"checkpoint.monitor={self.monitor!r} is not logged by {type(pl_module).__name__}, which logs "
-                f"{', '.join(sorted(logged))} in validation: set --checkpoint.monitor to one of them (and "
-                "--checkpoint.mode min or max), in configs/default.yaml for good"
-            )
+        self._check_monitored(trainer, pl_module)
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._check_monitored(trainer, pl_module)
+        super().on_validation_end(trainer, pl_module)
+
+    def _check_monitored(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """(A run without validation is not checked: Lightning warns at each epoch end that nothing is monitored.)"""
+        if self._checked or not self.monitor or trainer.state.fn != "fit":
+            return
+        self._checked = True
+        if self.monitor in trainer.callback_metrics:
+            return
+        logged = set(trainer.callback_metrics) - {"epoch", "step"} - self._before_validation
+        what = f"which logs {', '.join(sorted(logged))} in validation" if logged else "which logs nothing in validation"
+        raise UsageError(
+            f"checkpoint.monitor={self.monitor!r} is not logged by {type(pl_module).__name__}, {what}: set "
+            "--checkpoint.monitor to a metric it logs with self.log (and --checkpoint.mode min or max), in "
+            "configs/default.yaml for good, or null for last.ckpt only"
+        )
 
 
 class EarlyStopping(LightningEarlyStopping):

@@ -1,10 +1,15 @@
 """The engine's Trainer: Lightning's, with the defaults and guarantees of this project for any model and data.
 
-- `precision="auto"` (see `auto_precision`), TF32 matmuls on CUDA;
+- the engine's defaults, in its signature, so they hold for any config (one that names only your classes too): the run
+  directory `runs/default`, 20 epochs unless `max_steps` is given, deterministic kernels, clipping by global norm at
+  1.0, `precision="auto"` (see `auto_precision`); TF32 matmuls on CUDA;
 - checkpoint files written atomically (durable.DurableCheckpointIO, unless a CheckpointIO plugin is given);
 - the engine's own callbacks, whatever the config lists: every rank's RNG states in each checkpoint
   (resume.ResumableRNGState), a train loader that resumes exactly (loaders.ResumableLoaders), and the length of
-  every WarmupCosineSchedule (recipe.set_schedule_lengths), so that no module trains at LR 0.
+  every WarmupCosineSchedule (recipe.set_schedule_lengths), so that no module trains at LR 0, and the configured
+  clipping for a module that optimizes manually (manual.py);
+- the checkpoint callbacks in the order Lightning expects: `trainer.checkpoint_callback` (what `ckpt_path="best"`
+  reads) is the best checkpoints' ModelCheckpoint, and `LastCheckpoint` comes after it.
 """
 
 import functools
@@ -22,6 +27,7 @@ from ..errors import UsageError
 from ..resume.durable import DurableCheckpointIO
 from ..resume.last_checkpoint import LastCheckpoint
 from ..resume.rng import ResumableRNGState
+from .manual import ManualClipping, keep_clipping_aside
 from .recipe import set_schedule_lengths
 
 
@@ -33,7 +39,8 @@ class ScheduleLength(Callback):
 
 
 # The engine's own callbacks: added to every run that does not list one of the same class.
-ENGINE_CALLBACKS = (ResumableRNGState, ResumableLoaders, ScheduleLength)
+ENGINE_CALLBACKS = (ResumableRNGState, ResumableLoaders, ScheduleLength, ManualClipping)
+DEFAULT_EPOCHS = 20  # when neither max_epochs nor max_steps is given (Lightning's own: 1000)
 
 
 def auto_precision() -> str:
@@ -59,6 +66,12 @@ def _described(method, description: str):
     return described
 
 
+@functools.wraps(L.Trainer.fit)
+def _fit(self: L.Trainer, model: L.LightningModule, *args, **kwargs) -> None:
+    keep_clipping_aside(self, model)  # (Lightning refuses Trainer clipping for manual optimization)
+    return L.Trainer.fit(self, model, *args, **kwargs)
+
+
 CHECKPOINT_TO_EVALUATE = """
     Args:
         ckpt_path: the checkpoint whose weights to use, e.g. runs/default/checkpoints/last.ckpt.
@@ -79,15 +92,26 @@ class Trainer(L.Trainer):
         default_root_dir: the run directory: checkpoints/ (last.ckpt and the best by checkpoint.monitor),
             config.yaml and the TensorBoard events. `fit` refuses a directory that already holds a run unless it
             resumes it (--ckpt_path last), and a directory that another fit is training.
+        max_epochs: the run's length in epochs; None: 20, or as many as max_steps takes when that is given.
         precision: "auto" (bf16-mixed on GPUs with bf16, 16-mixed on older GPUs, 32-true on CPU; a precision plugin
             given in `plugins` instead), or any Lightning precision string.
+        gradient_clip_val: clip gradients at this value (by global norm: the total norm of all gradients), on
+            unscaled gradients under 16-mixed; None or 0: no clipping. A module that optimizes manually applies it
+            itself (README: Manual optimization).
+        gradient_clip_algorithm: "norm" (the global norm) or "value" (each gradient element).
+        deterministic: deterministic kernels, so that runs repeat and resume bit for bit; false lets cuDNN pick
+            faster non-deterministic ones.
     """
 
     def __init__(
         self,
         *args,
         default_root_dir: str = "runs/default",
+        max_epochs: int | None = None,
         precision: Literal["auto"] | _PRECISION_INPUT = "auto",
+        gradient_clip_val: int | float | None = 1.0,
+        gradient_clip_algorithm: Literal["norm", "value"] | None = "norm",
+        deterministic: bool | Literal["warn"] | None = True,
         **kwargs,
     ) -> None:
         accumulate = kwargs.get("accumulate_grad_batches", 1)
@@ -98,9 +122,9 @@ class Trainer(L.Trainer):
             if kwargs.get(switch) is False and kwargs.get("callbacks"):
                 kwargs["callbacks"] = [c for c in kwargs["callbacks"] if not isinstance(c, kinds)]
         callbacks = list(kwargs.get("callbacks") or [])
-        kwargs["callbacks"] = callbacks + [
-            kind() for kind in ENGINE_CALLBACKS if not any(isinstance(c, kind) for c in callbacks)
-        ]
+        callbacks += [kind() for kind in ENGINE_CALLBACKS if not any(isinstance(c, kind) for c in callbacks)]
+        # Lightning runs Checkpoint callbacks last, in their order: the best checkpoints' first.
+        kwargs["callbacks"] = sorted(callbacks, key=lambda callback: isinstance(callback, LastCheckpoint))
         plugins = kwargs.get("plugins") or []
         plugins = plugins if isinstance(plugins, list) else [plugins]
         if not any(isinstance(plugin, CheckpointIO) for plugin in plugins):
@@ -111,10 +135,16 @@ class Trainer(L.Trainer):
             torch.backends.cudnn.allow_tf32 = True
         if precision == "auto":  # a precision plugin given in `plugins` decides by itself
             precision = None if any(isinstance(p, Precision) for p in plugins) else auto_precision()
-        super().__init__(*args, default_root_dir=default_root_dir, precision=precision, **kwargs)
+        if max_epochs is None and kwargs.get("max_steps", -1) in (None, -1):
+            max_epochs = DEFAULT_EPOCHS
+        super().__init__(
+            *args, default_root_dir=default_root_dir, max_epochs=max_epochs, precision=precision,
+            gradient_clip_val=gradient_clip_val, gradient_clip_algorithm=gradient_clip_algorithm,
+            deterministic=deterministic, **kwargs,
+        )  # fmt: skip
 
     fit = _described(
-        L.Trainer.fit,
+        _fit,
         """Train the model in the run directory --trainer.default_root_dir.
 
     Args:
