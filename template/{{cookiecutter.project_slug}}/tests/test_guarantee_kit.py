@@ -1,5 +1,8 @@
-"""Negative controls of the guarantee kit: on the stand-in task with each cause of an inexact run put in, the kit
-goes red, naming the first difference and the cause."""
+"""Negative controls of the guarantee kit: with each cause of an inexact run put in, the kit goes red, naming the
+first difference and a cause that is true. Each of its stops catches something the others miss: the mid-epoch stop any
+state the checkpoint lacks, the stop in validation a module changed for validation, the stop after an epoch's end a
+state taken before the module's own epoch-end hook (the engine before it saved epoch ends as a Lightning Checkpoint
+does, put back here with sitecustomize in the kit's child processes)."""
 
 import pytest
 from conftest import STAND_IN, subprocess_env
@@ -7,27 +10,27 @@ from conftest import STAND_IN, subprocess_env
 from template_package.engine.guarantees import GuaranteeKit
 
 pytestmark = pytest.mark.slow
+GAN = ["--model=null", "--model=patterns.ManualGAN", "--checkpoint.monitor=null"]
 
 
-def kit_on(tmp_path, data: str, *args: str) -> GuaranteeKit:
-    task = [*STAND_IN, f"--data={data}", *args]
-    return GuaranteeKit(tmp_path / "kit", task, env=subprocess_env())
+def kit_on(tmp_path, *task: str, env: dict | None = None) -> GuaranteeKit:
+    return GuaranteeKit(tmp_path / "kit", [*STAND_IN, *task], env=env or subprocess_env())
 
 
 def test_unseeded_randomness_fails_the_repeat_check(tmp_path):
     """The dataset draws its noise from np.random.default_rng() with no seed."""
-    with pytest.raises(AssertionError, match=r"two runs with the same settings differ: train/loss at step 0 .*"
+    with pytest.raises(AssertionError, match=r"two runs with the same settings differ: train/\S+ at step 0 .*"
                                              r"randomness that no seed reaches"):  # fmt: skip
-        kit_on(tmp_path, "stand_in.DrawingStandInData", "--data.draw=unseeded").check_repeatable()
+        kit_on(tmp_path, "--data=stand_in.DrawingStandInData", "--data.draw=unseeded").check_repeatable()
 
 
 def test_a_generator_the_dataset_holds_fails_the_resume_and_workers_checks(tmp_path):
     """np.random.default_rng(0) kept by the dataset: a resumed run draws its first numbers again, and each loader
-    worker draws from its own copy."""
-    kit = kit_on(tmp_path, "stand_in.DrawingStandInData", "--data.draw=held")
+    worker draws from its own copy. Every stop breaks it, so the kit names the mid-epoch one and its cause."""
+    kit = kit_on(tmp_path, "--data=stand_in.DrawingStandInData", "--data.draw=held")
     resumed = (
-        r"a run killed at step 10 and resumed from step 8 differs from the uninterrupted run: train/loss at "
-        r"step 8 .*a random generator the dataset or model keeps for itself"
+        r"a run SIGKILLed mid-epoch after a checkpoint \(step 10\) and resumed differs from the uninterrupted run: "
+        r"train/\S+ at step 9 .*a random generator the dataset or model keeps for itself"
     )
     with pytest.raises(AssertionError, match=resumed):
         kit.check_exact_resume()
@@ -36,7 +39,70 @@ def test_a_generator_the_dataset_holds_fails_the_resume_and_workers_checks(tmp_p
 
 
 def test_a_loader_without_state_fails_the_resume_check_with_the_engines_notice(tmp_path):
-    kit = kit_on(tmp_path, "stand_in.UnresumableStandInData", "--data.kind=batch_sampler")
+    kit = kit_on(tmp_path, "--data=stand_in.UnresumableStandInData", "--data.kind=batch_sampler")
     said = r"differs from the uninterrupted run: .*the engine said: the train loader cannot resume exactly: it draws "
     with pytest.raises(AssertionError, match=said + "batches with a custom batch sampler"):
+        kit.check_exact_resume()
+
+
+def test_a_module_that_validates_with_swapped_weights_fails_only_the_stop_in_validation(tmp_path):
+    """Swapped in at each validation's start and back at its end: the mid-epoch and epoch-end stops resume it
+    exactly, the stop in validation saves it swapped."""
+    kit = kit_on(tmp_path, "--model=null", "--model=patterns.SwapsForValidation")
+    stopped = r"a run stopped by SIGTERM during its last validation \(step 12\) and resumed differs "
+    with pytest.raises(AssertionError, match=stopped + ".*Likely cause: state that validation changes"):
+        kit.check_exact_resume()
+
+
+def controls(tmp_path, code: str) -> dict:
+    """The kit's child processes' environment with `code` run at their start (sitecustomize)."""
+    folder = tmp_path / "control"
+    folder.mkdir()
+    (folder / "sitecustomize.py").write_text(code)
+    env = subprocess_env()
+    env["PYTHONPATH"] = f"{folder}:{env['PYTHONPATH']}"
+    return env
+
+
+EPOCH_END_BEFORE_THE_MODULE = """
+from lightning.pytorch.trainer import call
+from template_package.engine.resume.last_checkpoint import LastCheckpoint
+
+module_hook, epoch_end = call._call_lightning_module_hook, LastCheckpoint.on_train_epoch_end
+
+def before_the_module(trainer, hook_name, *args, **kwargs):
+    if hook_name == "on_train_epoch_end":
+        for callback in trainer.callbacks:
+            if isinstance(callback, LastCheckpoint):
+                epoch_end(callback, trainer, trainer.lightning_module)
+    return module_hook(trainer, hook_name, *args, **kwargs)
+
+call._call_lightning_module_hook = before_the_module
+LastCheckpoint.on_train_epoch_end = lambda self, trainer, pl_module: None
+"""
+
+
+def test_an_epoch_end_saved_before_the_modules_hook_fails_only_the_stop_after_an_epoch_end(tmp_path):
+    """The GAN steps its two schedules in on_train_epoch_end: saved before that, its epoch-end state misses them,
+    which only a run resumed from that checkpoint shows."""
+    kit = kit_on(tmp_path, *GAN, env=controls(tmp_path, EPOCH_END_BEFORE_THE_MODULE))
+    stopped = r"a run SIGKILLed right after its first epoch's end was saved \(step 7\) and resumed differs "
+    with pytest.raises(AssertionError, match=stopped + ".*Likely cause: state changed at an epoch's end"):
+        kit.check_exact_resume()
+
+
+VALIDATION_NOT_UNDONE = """
+import template_package.engine.resume.last_checkpoint as last_checkpoint
+
+last_checkpoint.dump_checkpoint = lambda trainer: trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
+"""
+
+
+def test_a_checkpoint_taken_in_validation_as_it_is_fails_only_the_stop_in_validation(tmp_path):
+    """Without the engine putting back what validation changed, the run resumed from a stop in validation goes on
+    with the interrupted validation at its next batch, and logs a validation metric of part of the batches."""
+    kit = kit_on(tmp_path, *GAN, env=controls(tmp_path, VALIDATION_NOT_UNDONE))
+    with pytest.raises(AssertionError, match=r"a run stopped by SIGTERM during its last validation \(step 12\) and "
+                                             r"resumed differs .*val/d_real at step 11 .*Likely cause: state that "
+                                             r"validation changes"):  # fmt: skip
         kit.check_exact_resume()

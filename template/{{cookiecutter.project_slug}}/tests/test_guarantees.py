@@ -2,7 +2,7 @@
 init_args: yours, once you have put them there. `pytest -m guarantees` runs these alone (a few minutes on 2 CPUs)."""
 
 import pytest
-from conftest import subprocess_env
+from conftest import PROJECT_ROOT, subprocess_env
 
 from template_package.engine.guarantees import GuaranteeKit
 
@@ -11,14 +11,14 @@ pytestmark = pytest.mark.guarantees
 
 @pytest.fixture(scope="module")
 def kit(tmp_path_factory) -> GuaranteeKit:
-    return GuaranteeKit(tmp_path_factory.mktemp("guarantees"), env=subprocess_env())
+    return GuaranteeKit(tmp_path_factory.mktemp("guarantees"), env=subprocess_env(), cwd=PROJECT_ROOT)
 
 
 def test_a_repeat_run_is_identical(kit):
     kit.check_repeatable()
 
 
-def test_a_run_killed_and_resumed_ends_like_the_uninterrupted_run(kit):
+def test_a_run_stopped_three_ways_and_resumed_ends_like_the_uninterrupted_run(kit):
     kit.check_exact_resume()
 
 

@@ -1,31 +1,42 @@
 """The guarantee kit: do your model and data get every guarantee of the engine? `pytest -m guarantees` runs it on the
-classes configs/default.yaml names (tests/test_guarantees.py), with their init_args, as `fit` would.
+classes configs/default.yaml names (tests/test_guarantees.py), and `python -m <package> guarantees [--model a.b.C
+--data a.b.D ...]` on any classes, wherever the engine was copied.
 
-Each check trains short real runs in child processes (`python -m <package> fit`), with these settings overridden:
-the CPU, one process, 32-true precision, 2 epochs of at most 6 batches, 2 validation batches, a checkpoint every few
-optimizer steps and train/loss logged at every step (to metrics.csv). Everything else is your config's.
+Each check trains short real runs in child processes (`python -m <package>.engine fit`), in the working directory the
+kit was made in (your relative paths mean what they mean in your runs), with these settings overridden: the CPU, one
+process, 32-true precision, 2 epochs of at most 6 batches, 2 validation batches, every metric written to metrics.csv.
+Everything else is your config's.
 
 - repeatable: two runs with the same settings end with the same bits;
-- exact resume: a run SIGKILLed mid-epoch (after a checkpoint) and resumed with `--ckpt_path last` ends with the
-  uninterrupted run's weights, optimizer and schedule states, and logged losses, bit for bit;
+- exact resume: one run stopped three times and resumed each time with `--ckpt_path last`, at the three kinds of
+  moment a scheduler or a crash picks: SIGKILL right after the first epoch's end was saved, SIGKILL mid-epoch after a
+  checkpoint, SIGTERM during the last validation (the engine saves at once; the resumed run validates again). It
+  must end with the uninterrupted run's weights, optimizer and schedule states, generators, and every metric logged
+  (whatever their names), bit for bit. When it does not, each stop is tried alone, to say which one breaks it;
 - workers: 0 and 2 loader workers train the same bits (when the DataModule takes `num_workers`).
 
-A failure names the first tensor and the first logged step that differ, and the likely cause.
-Depends on torch, lightning and the engine's CLI.
+A failure is one message naming the first tensor or metric that differs and the likely cause for the stop that
+showed it. Depends on torch, lightning and the engine's command line.
 """
 
+import argparse
 import csv
 import inspect
+import math
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import lightning as L
 import torch
 import yaml
 from lightning.pytorch.callbacks import Callback
+
+from .resume.last_checkpoint import LastCheckpoint
+from .training.steps import steps_in, training_steps
 
 ENGINE = __package__  # run as `python -m <package>.engine fit`
 SETTINGS = [
@@ -34,70 +45,102 @@ SETTINGS = [
     "--trainer.limit_train_batches=6", "--trainer.limit_val_batches=2", "--trainer.log_every_n_steps=1",
     "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
 ]  # fmt: skip
-COMPARED = ("state_dict", "optimizer_states", "lr_schedulers", "global_step", "epoch", "rng_states")
+# What the final checkpoints must hold alike (EMA's weights and the trained ones too).
+COMPARED = ("state_dict", "optimizer_states", "lr_schedulers", "global_step", "epoch", "training_steps",
+            "rng_states", "current_model_state", "averaging_state")  # fmt: skip
+STATE = (
+    "a random generator the dataset or model keeps for itself (draw from torch's, random's or numpy's global "
+    "generators instead, which the engine seeds for each sample, or from np.random.default_rng(sample_seed())), "
+    "a train loader that cannot resume (see the engine's notice), or state of the module or of a callback of yours "
+    "that the checkpoint does not hold (an attribute a hook changes: keep it in a registered buffer, or in "
+    "on_save_checkpoint/on_load_checkpoint)"
+)
 CAUSES = {
     "repeat": "randomness that no seed reaches: a generator created without a seed (np.random.default_rng(), "
     "random.Random(), torch.Generator() without manual_seed) or seeded from the time or os.urandom, or a kernel that "
     "is not deterministic",
-    "resume": "state the checkpoint does not hold: a random generator the dataset or model keeps for itself (draw from "
-    "torch's, random's or numpy's global generators instead, which the engine seeds for each sample, or from "
-    "np.random.default_rng(sample_seed())), a train loader that cannot resume (see the engine's notice), or model "
-    "state outside its state_dict",
+    "mid_epoch": f"state the checkpoint does not hold: {STATE}",
+    "epoch_end": "state changed at an epoch's end or start that the checkpoint does not hold: an attribute (not a "
+    "buffer or a parameter) that on_train_epoch_end or on_train_epoch_start changes, or a callback of yours whose "
+    "state_dict/load_state_dict does not keep what its epoch hooks change",
+    "validation": "state that validation changes and the engine cannot put back: the model changed for validation by "
+    "a hook or a callback of yours and changed back at its end (swapped weights, say), or a generator a validation "
+    "hook draws from that the checkpoint does not hold",
+    "several": f"state lost only when a run is stopped more than once: {STATE}",
     "workers": "random draws in loader workers from a generator the dataset keeps, or from each worker's own seed: "
     "draw from torch's, random's or numpy's global generators (seeded per sample) or from sample_seed()",
 }
+STOPS = {  # the kill points, in the order the resumed run meets them (each resumes from a checkpoint of its own kind)
+    "epoch_end": "SIGKILLed right after its first epoch's end was saved",
+    "mid_epoch": "SIGKILLed mid-epoch after a checkpoint",
+    "validation": "stopped by SIGTERM during its last validation",
+}
 
 
-class KillAt(Callback):
-    """SIGKILLs this process at the end of the batch that brings the global step to `step`, once per `marker` file
-    (a resumed run goes on): the way a crash or the out-of-memory killer ends a run."""
+class StopAt(Callback):
+    """Sends `signal_name` to this process once the training steps reach `step`, at the end of a training batch or
+    (`in_validation`) of a validation batch, once per `marker` file (a resumed run goes on): SIGKILL is a crash or the
+    out-of-memory killer, SIGTERM a scheduler's preemption. A write of last.ckpt in flight finishes first, so that the
+    run resumes from the checkpoint the stop is meant for (a kill during a write is tested on its own)."""
 
-    def __init__(self, marker: str, step: int) -> None:
-        self.marker, self.step = Path(marker), step
+    def __init__(self, marker: str, step: int, signal_name: str = "SIGKILL", in_validation: bool = False) -> None:
+        self.marker, self.step, self.in_validation = Path(marker), step, in_validation
+        self.signum = getattr(signal, signal_name)
+
+    def _stop(self, trainer: L.Trainer) -> None:
+        if training_steps(trainer) >= self.step and not self.marker.exists():
+            for callback in trainer.callbacks:
+                if isinstance(callback, LastCheckpoint):
+                    callback._wait_for_write()
+            self.marker.write_text(str(training_steps(trainer)))
+            os.kill(os.getpid(), self.signum)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
-        if trainer.global_step >= self.step and not self.marker.exists():
-            self.marker.write_text(str(trainer.global_step))
-            os.kill(os.getpid(), signal.SIGKILL)
+        if not self.in_validation:
+            self._stop(trainer)
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        if self.in_validation and not trainer.sanity_checking:
+            self._stop(trainer)
 
 
 class GuaranteeKit:
     """Runs the checks on the model and data that `task` selects (e.g. ["--model=a.b.C"]; [] for the config's own),
-    in `folder`, with the child processes' environment `env`."""
+    in `folder`, from the working directory `cwd` (the current one by default), with the child processes'
+    environment `env`."""
 
-    def __init__(self, folder: Path, task: list[str] = (), env: dict[str, str] | None = None) -> None:
-        self.folder, self.task = Path(folder), list(task)
+    def __init__(
+        self, folder: Path, task: list[str] = (), env: dict[str, str] | None = None, cwd: Path | None = None
+    ) -> None:
+        self.folder, self.task = Path(folder).resolve(), list(task)
         self.env = {"OMP_NUM_THREADS": "1", **(env or os.environ)}
+        self.cwd = Path(cwd or Path.cwd())
         self._reference: Path | None = None
 
     # --- The checks ---------------------------------------------------------------------------------------------
 
     def check_repeatable(self) -> None:
-        self.compare("repeat", self.reference(), self.fit("repeat"))
+        self.compare("repeat", self.reference(), self.fit("repeat"), "two runs with the same settings differ")
 
     def check_exact_resume(self) -> None:
-        reference = self.reference()
-        steps = torch.load(reference / "checkpoints" / "last.ckpt", weights_only=True)["global_step"]
-        if steps < 3:
-            raise AssertionError(f"the kit's run trained {steps} optimizer steps: it needs 3 or more to kill one")
-        # Checkpoints every third of the run; killed a few steps after the second one: mid-way through the second
-        # epoch (12 steps: written at 4 and 8, killed at 10, resumed from 8).
-        every = max(1, steps // 3)
-        kill = min(steps - 1, 2 * every + max(1, every // 2))
-        run_dir = self.folder / "resumed"
-        marker = self.folder / "killed-at"
-        kill_at = {"class_path": f"{ENGINE}.guarantees.KillAt", "init_args": {"marker": str(marker), "step": kill}}
-        killer = self._config("kill.yaml", callbacks=[kill_at])
-        killed = self._run(run_dir, "-c", killer, f"--last_checkpoint.every_n_steps={every}", check=False)
-        if killed.returncode != -signal.SIGKILL:
-            raise AssertionError(f"the run to kill ended with {killed.returncode}:\n{killed.stderr[-3000:]}")
-        self._run(run_dir, "--ckpt_path=last", f"--last_checkpoint.every_n_steps={every}")
-        self.compare("resume", reference, run_dir, f"killed at step {marker.read_text()} and resumed from step "
-                     f"{every * (int(marker.read_text()) // every)}")  # fmt: skip
+        """All three stops in one run, resumed after each; when that run differs, each stop alone, to name it: the
+        mid-epoch one first, which any state the checkpoint lacks breaks, then those at an epoch's end and in
+        validation, which only state of their own moment breaks."""
+        plan = self.stop_plan()
+        run_dir = self.stopped_run("resumed", plan)
+        if not differences(self.reference(), run_dir):
+            return
+        for stop in ("mid_epoch", "epoch_end", "validation"):
+            alone = self.stopped_run(f"resumed-{stop}", {stop: plan[stop]})
+            self.compare(stop, self.reference(), alone, f"a run {STOPS[stop]} (step {plan[stop][0]}) and resumed "
+                         "differs from the uninterrupted run")  # fmt: skip
+        said = ", then ".join(f"{STOPS[stop]} (step {step})" for stop, (step, _) in plan.items())
+        self.compare("several", self.reference(), run_dir, f"a run {said}, resumed after each, differs from the "
+                     "uninterrupted run (each stop alone does not)")  # fmt: skip
 
     def check_workers_agree(self) -> None:
         workers = [self.fit(f"workers{count}", f"--data.num_workers={count}") for count in (0, 2)]
-        self.compare("workers", *workers)
+        self.compare("workers", *workers, "0 and 2 loader workers train different bits")
 
     def takes_num_workers(self) -> bool:
         """Whether the configured DataModule has a `num_workers` argument."""
@@ -105,6 +148,44 @@ class GuaranteeKit:
 
         data = (self.config().get("data") or {}).get("class_path")
         return data is not None and "num_workers" in inspect.signature(import_class(data)).parameters
+
+    # --- Stops --------------------------------------------------------------------------------------------------
+
+    def stop_plan(self) -> dict[str, tuple[int, int]]:
+        """Each stop's (training step, checkpoint cadence): with E steps an epoch, last.ckpt every d steps, d the
+        largest divisor of E up to E / 2, so that the first epoch's end is saved and so is a step of the second
+        epoch before the mid-epoch kill; the stop in validation comes last, so that its checkpoint does not stand in
+        for the others'."""
+        steps = steps_of(self.reference())
+        per_epoch = steps // 2
+        if per_epoch < 2:
+            raise AssertionError(f"the kit's run trained {steps} steps in 2 epochs: it needs 2 or more an epoch")
+        every = max(d for d in range(1, per_epoch // 2 + 1) if per_epoch % d == 0)
+        return {
+            "epoch_end": (per_epoch + 1, every),
+            "mid_epoch": (per_epoch + every + 1, every),
+            "validation": (2 * per_epoch, every),
+        }
+
+    def stopped_run(self, name: str, plan: dict[str, tuple[int, int]]) -> Path:
+        """A run stopped at each point of `plan` in turn, resumed with --ckpt_path last after each."""
+        run_dir, markers = self.folder / name, {stop: self.folder / f"{name}-{stop}.stopped" for stop in plan}
+        stops = [{"class_path": f"{ENGINE}.guarantees.StopAt", "init_args": {
+            "marker": str(markers[stop]), "step": step, "signal_name": "SIGTERM" if stop == "validation" else "SIGKILL",
+            "in_validation": stop == "validation"}} for stop, (step, _) in plan.items()]  # fmt: skip
+        config = self._config(f"{name}.yaml", callbacks=stops)
+        every = f"--last_checkpoint.every_n_steps={next(iter(plan.values()))[1]}"
+        for attempt in range(len(plan) + 1):
+            last = attempt == len(plan)
+            process = self._run(run_dir, "-c", config, every, *(["--ckpt_path=last"] if attempt else []), check=last)
+            if last:
+                break
+            if process.returncode not in (0, -signal.SIGKILL, 128 + signal.SIGTERM):
+                raise AssertionError(f"the kit's run {run_dir} ended with {process.returncode}:\n"
+                                     f"{process.stderr[-3000:]}")  # fmt: skip
+            if process.returncode == 0:  # it ended before the remaining stops (a run without validation, say)
+                break
+        return run_dir
 
     # --- Runs ----------------------------------------------------------------------------------------------------
 
@@ -127,14 +208,15 @@ class GuaranteeKit:
         csv_logger = self._config("csv.yaml", loggers=[{"class_path": f"{ENGINE}.report.loggers.RunCSVLogger"}])
         result = self._command("fit", *self.task, *SETTINGS, "-c", csv_logger,
                                f"--trainer.default_root_dir={run_dir}", *args, check=False)  # fmt: skip
-        (run_dir.parent / f"{run_dir.name}.log").write_text(result.stdout + result.stderr)
+        with (run_dir.parent / f"{run_dir.name}.log").open("a") as log:
+            log.write(result.stdout + result.stderr)
         if check and result.returncode != 0:
             raise AssertionError(f"the kit's run in {run_dir} failed ({result.returncode}):\n{result.stderr[-3000:]}")
         return result
 
     def _command(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
         self.folder.mkdir(parents=True, exist_ok=True)
-        result = subprocess.run([sys.executable, "-m", ENGINE, *args], cwd=self.folder, env=self.env,
+        result = subprocess.run([sys.executable, "-m", ENGINE, *args], cwd=self.cwd, env=self.env,
                                 capture_output=True, text=True, timeout=900)  # fmt: skip
         if check and result.returncode != 0:
             raise AssertionError(f"{' '.join(args[:1])} failed ({result.returncode}):\n{result.stderr[-3000:]}")
@@ -149,28 +231,44 @@ class GuaranteeKit:
 
     # --- Comparing -------------------------------------------------------------------------------------------------
 
-    def compare(self, check: str, expected: Path, got: Path, how: str = "") -> None:
-        """Raise AssertionError naming the first difference between two runs and its likely cause."""
-        differences = [*first_logged_difference(expected, got), *first_state_difference(expected, got)]
-        if not differences:
+    def compare(self, cause: str, expected: Path, got: Path, what: str) -> None:
+        """Raise AssertionError naming the first difference between two runs and the likely cause."""
+        found = differences(expected, got)
+        if not found:
             return
         notices = [line for line in (got.parent / f"{got.name}.log").read_text().splitlines() if "notice:" in line]
         said = f"; the engine said: {notices[0].split('notice: ', 1)[1]}" if notices else ""
-        what = {"repeat": "two runs with the same settings differ", "resume": f"a run {how} differs from the "
-                "uninterrupted run", "workers": "0 and 2 loader workers train different bits"}[check]  # fmt: skip
-        raise AssertionError(f"{what}: {'; '.join(differences)}. Likely cause: {CAUSES[check]}{said}")
+        raise AssertionError(f"{what}: {'; '.join(found)}. Likely cause: {CAUSES[cause]}{said}")
 
 
-def logged_losses(run_dir: Path) -> dict[int, float]:
-    with (run_dir / "metrics.csv").open(newline="") as file:
-        return {int(float(row["step"])): float(row["train/loss"]) for row in csv.DictReader(file) if row["train/loss"]}
+def steps_of(run_dir: Path) -> int:
+    """The training steps of a run's final checkpoint (training/steps.py: batches that stepped)."""
+    return steps_in(torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True, map_location="cpu"))
+
+
+def differences(expected: Path, got: Path) -> list[str]:
+    """The first logged metric and the first tensor of the final checkpoint that differ between two runs."""
+    return [*first_logged_difference(expected, got), *first_state_difference(expected, got)]
+
+
+def logged_metrics(run_dir: Path) -> dict[tuple[str, int], float]:
+    """Every value the run logged, by (name, step), but the timings (perf/*); a row without a step is skipped."""
+    path = run_dir / "metrics.csv"
+    if not path.is_file():
+        return {}
+    with path.open(newline="") as file:
+        rows = list(csv.DictReader(file))
+    return {(name, int(float(row["step"]))): float(value) for row in rows if row.get("step")
+            for name, value in row.items() if name != "step" and value and not name.startswith("perf/")}  # fmt: skip
 
 
 def first_logged_difference(expected: Path, got: Path) -> list[str]:
-    ours, theirs = logged_losses(expected), logged_losses(got)
-    for step in sorted(ours.keys() | theirs.keys()):
-        if ours.get(step) != theirs.get(step):
-            return [f"train/loss at step {step} is {theirs.get(step)} instead of {ours.get(step)}"]
+    ours, theirs = logged_metrics(expected), logged_metrics(got)
+    for name, step in sorted(ours.keys() | theirs.keys(), key=lambda key: (key[1], key[0])):
+        a, b = ours.get((name, step)), theirs.get((name, step))
+        if a != b and not (a is not None and b is not None and math.isnan(a) and math.isnan(b)):
+            what = "is missing" if b is None else "was not logged by the uninterrupted run" if a is None else None
+            return [f"{name} at step {step} {what or f'is {b} instead of {a}'}"]
     return []
 
 
@@ -192,7 +290,7 @@ def first_difference(a, b, where: str) -> str | None:
         gap = (a.double() - b.double()).abs().max().item() if a.shape == b.shape and a.is_floating_point() else None
         return f"{where} differs" + (f" (by up to {gap:.3g})" if gap is not None else "")
     if isinstance(a, dict) and isinstance(b, dict):
-        for key in a.keys() | b.keys():
+        for key in sorted(a.keys() | b.keys(), key=str):
             found = first_difference(a.get(key), b.get(key), f"{where}.{key}")
             if found:
                 return found
@@ -201,3 +299,23 @@ def first_difference(a, b, where: str) -> str | None:
         found = (first_difference(x, y, f"{where}[{i}]") for i, (x, y) in enumerate(zip(a, b, strict=True)))
         return next((f for f in found if f), None)
     return None if a == b else f"{where} is {b!r} instead of {a!r}"
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m <package> guarantees [--folder DIR] [fit options]`: the kit on the classes the config and the fit
+    options name, from the current folder; exits 1 with the first failure."""
+    parser = argparse.ArgumentParser(prog="guarantees", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--folder", help="where the kit's runs go (default: a temporary folder, removed after)")
+    args, task = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
+    with tempfile.TemporaryDirectory(prefix="guarantees-") as temporary:
+        kit = GuaranteeKit(Path(args.folder or temporary), task)
+        checks = {"repeatable": kit.check_repeatable, "exact resume": kit.check_exact_resume}
+        if kit.takes_num_workers():
+            checks["0 and 2 loader workers agree"] = kit.check_workers_agree
+        for name, check in checks.items():
+            try:
+                check()
+            except AssertionError as failure:
+                print(f"FAILED {name}: {failure}", file=sys.stderr)
+                raise SystemExit(1) from None
+            print(f"passed: {name}")

@@ -15,8 +15,11 @@ TOOLS = {
     "sweep": "Search hyperparameters with Optuna: trials as run directories, a study that survives preemption.",
     "export": "Export a checkpoint's model for inference (ONNX, torch.export, TorchScript), checked against it.",
     "grad_norms": "Print the gradient norms of a few training steps and a clip value for them.",
+    "guarantees": "Check that the configured model and data get every guarantee (the guarantee kit).",
 }
-TOOL_MODULES = {"sweep": "sweep.search", "export": "cli.export", "grad_norms": "cli.grad_norms"}
+TOOL_MODULES = {
+    "sweep": "sweep.search", "export": "cli.export", "grad_norms": "cli.grad_norms", "guarantees": "guarantees"
+}  # fmt: skip
 
 
 def program() -> str:
