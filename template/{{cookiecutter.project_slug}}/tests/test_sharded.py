@@ -345,3 +345,34 @@ def test_a_damaged_sharded_folder_is_refused_in_one_line(file_and_folder, tmp_pa
         cli("validate", f"--trainer.default_root_dir={tmp_path / 'eval'}", f"--ckpt_path={tmp_path}")
     assert stop.value.code == (f"error: --ckpt_path {tmp_path} is not a checkpoint (a folder without .metadata and "
                                "meta.pt): give the path of a .ckpt file or sharded folder")  # fmt: skip
+
+
+class Crafted:
+    """What a crafted checkpoint could hold: unpickled, it creates `marker` (any code could run there)."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+@pytest.mark.parametrize("where", [".metadata", "param_groups"])
+def test_a_crafted_sharded_folder_runs_no_code(file_and_folder, tmp_path, where):
+    """DCP itself unpickles .metadata and non-tensor entries without restriction; the CLI refuses both in one line,
+    before anything loads them, unless --weights_only false says the folder is trusted."""
+    _, folder = file_and_folder
+    crafted, marker = tmp_path / "crafted.ckpt", tmp_path / "it-ran"
+    if where == ".metadata":
+        shutil.copytree(folder, crafted)
+        (crafted / ".metadata").write_bytes(__import__("pickle").dumps(Crafted(marker)))
+    else:
+        shards = read_shards(folder)
+        shards["optimizer_0"]["param_groups"][0]["lr"] = Crafted(marker)
+        dcp.save(shards, checkpoint_id=crafted, no_dist=True)
+        shutil.copy(folder / "meta.pt", crafted / "meta.pt")
+    with pytest.raises(SystemExit) as stop:
+        cli("validate", f"--trainer.default_root_dir={tmp_path / 'eval'}", f"--ckpt_path={crafted}")
+    assert stop.value.code.startswith(f"error: --ckpt_path {crafted} holds Python objects that only unpickling can "
+                                      "rebuild")  # fmt: skip
+    assert not marker.exists()

@@ -149,7 +149,7 @@ def check_checkpoint(ckpt_path: str, weights_only: bool | None) -> dict | None:
     try:  # a sharded folder: its meta.pt, and the shapes of its weights (resume/whole_checkpoint.py)
         checkpoint = read_for_checks(path, weights_only=weights_only is not False)
     except pickle.UnpicklingError as error:
-        if "Unsupported global" not in str(error):
+        if "unsupported global" not in str(error).lower():  # (torch: "Unsupported global", "unsupported GLOBAL")
             raise SystemExit(f"error: --ckpt_path {ckpt_path} is corrupted ({error}): use another checkpoint") from None
         raise SystemExit(
             f"error: --ckpt_path {ckpt_path} holds Python objects that only unpickling can rebuild, and unpickling "

@@ -5,18 +5,23 @@ What reads a sharded checkpoint without the sharded strategy: validate, test and
 DDP (durable.DurableCheckpointIO.load_checkpoint), export, the CLI's checks (only meta.pt and the tensors' shapes,
 from DCP's .metadata, without reading a shard), and the messages that say which step last.ckpt holds. A folder is
 read whole into this process's memory, as the single file Lightning would have written: `state_dict` with whole
-tensors, `optimizer_states` in torch.optim's own form (parameter numbers, not names), the rest from meta.pt.
+tensors, `optimizer_states` in torch.optim's own form (parameter numbers, not names), the rest from meta.pt. With
+`weights_only` (the default) a folder is read as safely as torch.load reads a file (safe_dcp.py); the CLI checks every
+sharded checkpoint this way before Lightning's own loading reads it.
 
-Depends on torch only.
+Depends on torch and safe_dcp.py.
 """
 
 from pathlib import Path
 
 import torch
 from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
-from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+from torch.distributed.checkpoint.metadata import BytesStorageMetadata, TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+from .safe_dcp import SafePlanner, SafeReader
 
 META = "meta.pt"  # Lightning's name for the non-tensor part of a sharded checkpoint
 
@@ -46,8 +51,11 @@ def read_for_checks(path: str | Path, weights_only: bool = True) -> dict:
     if not path.is_dir():
         return torch.load(path, map_location="cpu", weights_only=weights_only, mmap=True)
     checkpoint = torch.load(path / META, map_location="cpu", weights_only=weights_only)
-    metadata = FileSystemReader(path).read_metadata()
+    metadata = _reader(path, weights_only).read_metadata()
     check_shard_files(path, metadata)
+    if weights_only:  # the entries Lightning's own loading would unpickle (an optimizer's param_groups): tried here
+        entries = {key for key, kind in metadata.state_dict_metadata.items() if isinstance(kind, BytesStorageMetadata)}
+        _load({}, SafeReader(path), SafePlanner(keys=entries))
     checkpoint["state_dict"] = {}
     for key, stored in metadata.state_dict_metadata.items():
         section, *name = metadata.planner_data[key]
@@ -77,7 +85,7 @@ def read_whole(path: str | Path, weights_only: bool = True) -> dict:
     path = Path(path)
     if not path.is_dir():
         return torch.load(path, map_location="cpu", weights_only=weights_only)
-    shards = read_shards(path)
+    shards = read_shards(path, weights_only)
     checkpoint = torch.load(path / META, map_location="cpu", weights_only=weights_only)
     checkpoint["state_dict"] = shards.pop("state_dict")
     optimizers = sorted((key for key in shards if key.startswith("optimizer_")), key=lambda k: int(k.split("_")[1]))
@@ -86,14 +94,28 @@ def read_whole(path: str | Path, weights_only: bool = True) -> dict:
     return checkpoint
 
 
-def read_shards(path: Path) -> dict:
+def read_shards(path: str | Path, weights_only: bool = True) -> dict:
     """The tensors of a sharded checkpoint, whole, as DCP saved them: {"state_dict": ..., "optimizer_0": ...}, the
     optimizer states keyed by parameter names."""
-    reader, shards = FileSystemReader(path), {}
+    path, shards = Path(path), {}
+    reader = _reader(path, weights_only)
     check_shard_files(path, reader.read_metadata())
     # What PyTorch's own dcp_to_torch_save does: rebuild the whole state from .metadata, without processes.
-    _load_state_dict(shards, storage_reader=reader, planner=_EmptyStateDictLoadPlanner(), no_dist=True)
+    _load(shards, reader, SafePlanner() if weights_only else _EmptyStateDictLoadPlanner())
     return shards
+
+
+def _load(state: dict, reader: FileSystemReader, planner: _EmptyStateDictLoadPlanner) -> None:
+    """DCP's load into `state` in this process alone; a failure raised as itself (an UnpicklingError, an OSError),
+    not wrapped in DCP's CheckpointException."""
+    try:
+        _load_state_dict(state, storage_reader=reader, planner=planner, no_dist=True)
+    except CheckpointException as failed:
+        raise next(iter(failed.failures.values()))[0] from None
+
+
+def _reader(path: Path, weights_only: bool) -> FileSystemReader:
+    return SafeReader(path) if weights_only else FileSystemReader(path)
 
 
 def in_torch_optim_form(state: dict) -> dict:
