@@ -106,8 +106,9 @@ def test_killed_inside_a_save_and_at_random_moments_resumes_bit_identical(tmp_pa
     process = start_fit(run_dir, "--ckpt_path=last", *RUN, "-c", faulty(tmp_path, fault="stall", rank=1, step=5))
     wait_until_frozen(process, tmp_path / "frozen")
     last = last_ckpt(run_dir)
-    before = os.readlink(last)
-    assert saved_step(last) == 4 and len(list(last.parent.glob(".last.ckpt.5-*"))) == 1  # the half-written one
+    previous = read_whole(last)  # whole while the next save is half-written beside it
+    assert previous["global_step"] == 4 and len(list(last.parent.glob(".last.ckpt.5-*"))) == 1
+    target = os.readlink(last)
     os.kill(int((tmp_path / "frozen").read_text()), signal.SIGKILL)
     err, seconds = stderr_after(process, time.time())
     print(f"rank 1 killed inside a save: rank 0 ended {seconds:.1f} s later")
@@ -116,7 +117,7 @@ def test_killed_inside_a_save_and_at_random_moments_resumes_bit_identical(tmp_pa
     assert re.fullmatch(
         rf"error: cannot write the checkpoint {re.escape(str(last))} \(another process of the run stopped or stalled "
         rf"during the save: .+\); {re.escape(str(last))} still holds step 4", err.strip().splitlines()[-1])  # fmt: skip
-    assert os.readlink(last) == before and read_whole(last)["global_step"] == 4
+    assert_same_state(read_whole(last), previous) and os.readlink(last) == target
 
     seed = os.environ.get("KILL_SEED", "sharded")  # vary it to try other kill moments
     delay = random.Random(seed).uniform(0.0, 2.0)
@@ -227,24 +228,31 @@ def test_sharded_training_equals_ddp(uninterrupted, tmp_path):
 
 
 @pytest.mark.slow
-def test_moved_from_four_processes_to_one_reads_the_same_samples_and_ends_within_tolerance(tmp_path, uninterrupted):
-    """4 processes (4 x 16), SIGKILLed after step 12 (last.ckpt: step 10), resumed on 1 process (1 x 16 x 4, DCP
-    reshards the model and optimizer): the uninterrupted 2-process run's samples at every step, its weights within
-    TOLERANCE."""
+def test_stopped_on_four_processes_and_moved_to_one_reads_the_same_samples_and_ends_within_tolerance(
+    tmp_path, uninterrupted
+):
+    """4 processes (4 x 16) get SIGTERM after step 12, as a preempted job does: each saves its shards of that step
+    and they exit 143. Resumed on 1 process (1 x 16 x 4, DCP reshards the model and optimizer): the uninterrupted
+    2-process run's samples at every step, its weights within TOLERANCE."""
     run_dir = tmp_path / "run"
-    config, killed = record(tmp_path, "killed")
+    config, stopped = record(tmp_path, "stopped")
     freeze = {"class_path": "kill_points.FreezeAt",
               "init_args": {"marker": str(tmp_path / "frozen"), "hook": "on_train_batch_end", "step": 12}}  # fmt: skip
     on_4 = [*ON_2, "--trainer.devices=4", "--data.batch_size=16", "--last_checkpoint.every_n_steps=5"]
     process = start_fit(run_dir, *TASK, *on_4, "-c", config, "-c", extra_config(tmp_path / "freeze.yaml", [freeze]))
     wait_until_frozen(process, tmp_path / "frozen")
-    kill_group(process)
-    assert saved_step(last_ckpt(run_dir)) == 10 and len(list(last_ckpt(run_dir).glob("*.distcp"))) == 4
+    os.killpg(process.pid, signal.SIGTERM)
+    os.killpg(process.pid, signal.SIGCONT)
+    err, _ = stderr_after(process, 0)
+    assert process.returncode == 143, err[-3000:]
+    last = last_ckpt(run_dir)
+    assert err.strip().splitlines()[-1] == f"stopped by SIGTERM: {last} holds step 12"
+    assert saved_step(last) == 12 and len(list(last.glob("*.distcp"))) == 4
     config, resumed = record(tmp_path, "resumed")
     finish(start_fit(run_dir, *TASK, *ON_2, "--trainer.devices=1", "--data.batch_size=16", "-c", config,
                      "--ckpt_path=last", "--allow_change=world_size"))  # fmt: skip
     reference_dir, reference = uninterrupted
-    steps = recorded_steps(killed, resumed)
+    steps = recorded_steps(stopped, resumed)
     assert sorted(steps) == sorted(reference) == list(range(1, STEPS + 1))
     for step, expected in reference.items():
         assert steps[step]["indices"] == expected["indices"], f"step {step} read other samples"
