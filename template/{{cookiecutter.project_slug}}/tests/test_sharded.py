@@ -384,3 +384,19 @@ def test_a_crafted_sharded_folder_runs_no_code(file_and_folder, tmp_path, where)
     assert stop.value.code.startswith(f"error: --ckpt_path {crafted} holds Python objects that only unpickling can "
                                       "rebuild")  # fmt: skip
     assert not marker.exists()
+
+
+@pytest.mark.parametrize("preset, says", [
+    ("ema.yaml", "error: EMA and other weight averages (configs/ema.yaml, Lightning's WeightAveraging) keep a whole, "
+                 "unsharded copy of the model on every process"),
+    ("fp16.yaml", "error: trainer.precision='16-mixed': sharded training (configs/fsdp.yaml) has no loss scaler for "
+                  "float16"),
+], ids=["ema", "fp16"])  # fmt: skip
+def test_what_cannot_work_sharded_is_refused_in_one_line(tmp_path, preset, says):
+    from unittest import mock
+
+    with mock.patch.dict(os.environ), pytest.raises(SystemExit) as stop:  # (Lightning's launcher sets MASTER_PORT)
+        cli("fit", "-c", FSDP, "-c", str(PROJECT_ROOT / "configs" / preset), "--trainer.accelerator=cpu",
+            "--trainer.devices=1", f"--trainer.default_root_dir={tmp_path / 'run'}", *QUICK)  # fmt: skip
+    assert str(stop.value.code).startswith(says)
+    assert not (tmp_path / "run" / "checkpoints" / "last.ckpt").exists()
