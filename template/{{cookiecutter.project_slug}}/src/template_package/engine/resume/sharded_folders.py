@@ -8,7 +8,8 @@ kill or a full disk part-way through leaves a folder of two steps, and the last 
     .last.ckpt.120-3f9a0c1e/                 Lightning's DCP layout: .metadata, __<rank>_0.distcp, meta.pt
 
 A save (`save`, called by every process):
-1. rank 0 names a new folder beside the target (the step and a random suffix) and tells the others;
+1. rank 0 removes what earlier saves left, creates a new folder beside the target (named after the step, with a
+   random suffix) and only then tells the others its name;
 2. every process writes its shards there, each file fsynced (DCP; rank 0 writes `.metadata` once every shard is
    written, and DCP raises on every process if any process failed);
 3. rank 0 writes meta.pt (the rest of Lightning's checkpoint) durably, fsyncs the folder, points a new link at it
@@ -56,16 +57,12 @@ def save(
     `rest` (rank 0's) as the DCP folder `path` points to; see the module docstring. Called by every process."""
     rank, folder = dist.get_rank(group), None
     try:
-        folder = path.parent / _agree(f".{path.name}.{rest.get('global_step', 0)}-{secrets.token_hex(4)}", group)
-        if rank == 0:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            remove_leftovers(path.parent)
-            folder.mkdir()
+        folder = path.parent / _new_folder(path, rest.get("global_step", 0), rank, group)
         dcp.save(shards, storage_writer=storage_writer(folder), process_group=group)
     except CheckpointException as failed:  # raised on every process: one of them failed to write its part
         _remove_if_rank_zero(rank, folder)
         raise _write_error(path, failed) from None
-    except (dist.DistError, RuntimeError, OSError) as error:  # another process died or stalled, or mkdir failed
+    except (dist.DistError, RuntimeError, OSError) as error:  # another process died or stalled; no new folder
         _remove_if_rank_zero(rank, folder)
         raise _write_error(path, error) from None
     failure = None
@@ -87,11 +84,25 @@ def save(
         remove_leftovers(path.parent)  # the previous version
 
 
-def _agree(name: str, group: dist.ProcessGroup) -> str:
-    """Rank 0's `name`, on every process."""
-    names = [name]
-    dist.broadcast_object_list(names, group_src=0, group=group)
-    return names[0]
+def _new_folder(path: Path, step: int, rank: int, group: dist.ProcessGroup) -> str:
+    """The name of the new folder beside `path`, which rank 0 creates (after removing leftovers) before the others
+    learn the name: nothing else writes into the checkpoint folder meanwhile. Rank 0's failure, raised everywhere."""
+    made: tuple[str | None, tuple | None] = (None, None)
+    if rank == 0:
+        name = f".{path.name}.{step}-{secrets.token_hex(4)}"
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            remove_leftovers(path.parent)
+            (path.parent / name).mkdir()
+            made = (name, None)
+        except OSError as error:
+            made = (None, (error.strerror or str(error), error.errno))
+    agreed = [made]
+    dist.broadcast_object_list(agreed, group_src=0, group=group)
+    name, error = agreed[0]
+    if error is not None:
+        raise CheckpointWriteError(path, *error)
+    return name
 
 
 def _swap_in(folder: Path, path: Path, rest: dict) -> None:

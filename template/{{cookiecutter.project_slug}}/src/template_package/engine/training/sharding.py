@@ -7,8 +7,9 @@ ModelParallelStrategy, sharding parameters, gradients and optimizer state over e
 - a sharding rule for a module without `configure_model` of its own (which ModelParallelStrategy refuses): see
   `shard_by_rule`; a module's own `configure_model` wins;
 - under bf16-mixed, FSDP2's mixed precision: parameters gathered in bfloat16 for compute, gradients reduced in float32;
-- buffers (BatchNorm's running statistics) copied from rank 0 before each training step, as DDP does: FSDP2 leaves
-  them to each process, and a checkpoint holds one copy, so a resumed run would otherwise differ;
+- buffers (BatchNorm's running statistics) copied from rank 0 before each training and validation step, as DDP does,
+  and before a checkpoint is taken: FSDP2 leaves them to each process, and a checkpoint holds one copy, so a resumed
+  run would otherwise differ;
 - checkpoints that are complete or absent (resume/sharded_folders.py), whose waits among the processes are bounded
   by `save_timeout`.
 
@@ -118,7 +119,7 @@ class ShardedStrategy(ModelParallelStrategy):
             self._set_configure_model = True
             module.configure_model()
         super().setup(trainer)
-        if trainer.training and self.is_global_zero:
+        if trainer.state.fn == "fit" and self.is_global_zero:
             for folder in {Path(c.dirpath) for c in trainer.callbacks if getattr(c, "dirpath", None)}:
                 sharded_folders.remove_leftovers(folder)  # what saves killed half-way left
 
