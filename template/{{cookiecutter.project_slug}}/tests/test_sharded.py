@@ -1,10 +1,12 @@
 """Models larger than one device (configs/fsdp.yaml: FSDP2 through the engine's ShardedStrategy) on 2 and 4 gloo
 processes on CPU, against independent runs: the sharded run trains as DDP does; a run SIGKILLed at random moments and
 inside a save ends bit-identical to the run that never stopped; a dead, failing or stalled rank and a full disk stop
-every process in seconds with one line and leave the previous last.ckpt whole; a run moved from 4 processes to 1
-ends within float32 summation order; a sharded checkpoint is validated on 1 process, and exported as one file."""
+every process in seconds with one line and leave the previous last.ckpt whole; 4 processes stopped by SIGTERM save
+their step, and the run moved to 1 process ends within float32 summation order; a sharded checkpoint is validated on
+1 process and exported as one file; a damaged or crafted folder is refused in one line."""
 
 import os
+import pickle
 import random
 import re
 import shutil
@@ -15,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+import yaml
 from conftest import PROJECT_ROOT, QUICK, cli, extra_config, scalars
 from elastic_task import recorded_steps
 from test_elastic import record
@@ -41,7 +44,7 @@ def faulty(tmp_path: Path, **init_args) -> str:
     strategy = {"class_path": "sharded_faults.FaultyShardedStrategy",
                 "init_args": {"marker": str(tmp_path / "frozen"), **init_args}}  # fmt: skip
     path = tmp_path / "faulty.yaml"
-    path.write_text(__import__("yaml").safe_dump({"trainer": {"strategy": strategy}}))
+    path.write_text(yaml.safe_dump({"trainer": {"strategy": strategy}}))
     return str(path)
 
 
@@ -373,7 +376,7 @@ def test_a_crafted_sharded_folder_runs_no_code(file_and_folder, tmp_path, where)
     crafted, marker = tmp_path / "crafted.ckpt", tmp_path / "it-ran"
     if where == ".metadata":
         shutil.copytree(folder, crafted)
-        (crafted / ".metadata").write_bytes(__import__("pickle").dumps(Crafted(marker)))
+        (crafted / ".metadata").write_bytes(pickle.dumps(Crafted(marker)))
     else:
         shards = read_shards(folder)
         shards["optimizer_0"]["param_groups"][0]["lr"] = Crafted(marker)
