@@ -22,7 +22,7 @@ on `group`, a gloo group whose timeout bounds it, so a process that died or stal
 at the training group's 30-minute timeout. PyTorch's own tools read the target as any DCP folder
 (`torch.distributed.checkpoint.format_utils.dcp_to_torch_save`).
 
-Depends on torch and the engine's durable.py.
+Depends on torch and durable.py and whole_checkpoint.py.
 """
 
 import contextlib
@@ -33,15 +33,14 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import StorageWriter
 from torch.distributed.checkpoint.api import CheckpointException
 
 from .durable import CheckpointWriteError, DurableCheckpointIO, fsync
+from .whole_checkpoint import META
 
-META = "meta.pt"  # Lightning's name for the checkpoint's non-tensor part (lightning.fabric.utilities.load)
 VERSION = re.compile(r"^\.(?P<name>.+)\.\d+-[0-9a-f]{8}$")  # .last.ckpt.120-3f9a0c1e
 TEMPORARY_LINK = re.compile(r"^\.(?P<name>.+)\.link-[0-9a-f]{8}$")
 
@@ -175,8 +174,3 @@ def _write_error(path: Path, error: BaseException) -> CheckpointWriteError:
 def _first_line(error: BaseException) -> str:
     line = (str(error).strip().splitlines() or [type(error).__name__])[0]
     return re.sub(r"^\[[^\]]*\] ", "", line)  # gloo's "[../third_party/gloo/...:534] " prefix
-
-
-def saved_step(path: Path) -> int:
-    """The global step of a sharded checkpoint, from its meta.pt."""
-    return torch.load(path / META, map_location="cpu", weights_only=True, mmap=True)["global_step"]
