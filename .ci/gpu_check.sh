@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU checks, for a lent CUDA machine (CI has no GPU and never runs this): the template project's CUDA tests,
-# slow resume variants included, the default job on the GPU, then benchmarks/overhead.py --gpu: the default path,
-# the fast path (configs/fast.yaml) against the plain hand loop, precision, features, channels_last and compile.
+# slow resume variants included, the sharded (FSDP2) checks with NCCL and bf16, the default job on the GPU, then
+# benchmarks/overhead.py --gpu: the default path, the fast path (configs/fast.yaml) against the plain hand loop,
+# precision, features, channels_last and compile.
 # Run from the repository root; logs go to $OUT (default /tmp/gpu_check).
 # Wheels in .whl/ (packages that machine lacks: torchdata, jsonargparse, ...) are installed first.
 set -uo pipefail
@@ -30,6 +31,15 @@ start=$SECONDS
 run_for 240 python3 -m pytest tests/test_gpu.py tests/test_clipping.py tests/classifier/test_gpu_fast_path.py \
     -m "slow or not slow" -p no:cacheprovider -q -rs 2>&1 | tee "$OUT/test_gpu.log" | tail -4 | tee -a "$summary"
 echo "CUDA tests: $((SECONDS - start)) s" | tee -a "$summary"
+
+# configs/fsdp.yaml on the GPUs: NCCL, bf16 compute with float32 reduction, the checkpoints' gloo group beside NCCL
+# (tests/test_sharded_gpu.py: kill and resume bit-identical, evaluation on one GPU; with 2+ GPUs a rank stalled or
+# killed inside a save). On a machine with one GPU the checks between processes skip, saying why.
+start=$SECONDS
+run_for 180 python3 -m pytest tests/test_sharded_gpu.py -m "slow or not slow" -p no:cacheprovider -q -rs -s 2>&1 |
+    tee "$OUT/test_sharded_gpu.log" | grep -E "passed|failed|skipped|error|SKIPPED|every process ended" | tail -6 |
+    tee -a "$summary"
+echo "sharded GPU tests: $((SECONDS - start)) s" | tee -a "$summary"
 
 start=$SECONDS
 run_for 60 python3 -m template_package fit --trainer.default_root_dir=/tmp/gpu_default_run \

@@ -90,7 +90,7 @@ def test_warmup_longer_than_the_run_is_refused_before_anything_is_written(run_di
 
 def test_missing_checkpoint_is_named(existing_run):
     message = error_line("validate", f"--trainer.default_root_dir={existing_run}", "--ckpt_path=nope.ckpt")
-    assert message == "error: --ckpt_path nope.ckpt does not exist: give the path of a .ckpt file"
+    assert message == "error: --ckpt_path nope.ckpt does not exist: give the path of a .ckpt file or sharded folder"
 
 
 @pytest.mark.parametrize("damage", ["truncated", "garbage"])

@@ -35,4 +35,4 @@ def test_unknown_suffix_is_refused(checkpoint, tmp_path, capsys):
     with pytest.raises(SystemExit) as stop:
         cli("export", f"--ckpt_path={checkpoint}", f"--output={tmp_path / 'model.bin'}")
     assert stop.value.code == 2
-    assert "has no known suffix: use .onnx, .pt2 or .pt" in capsys.readouterr().err
+    assert "has no known suffix: use .onnx, .pt2, .pt or .ckpt" in capsys.readouterr().err

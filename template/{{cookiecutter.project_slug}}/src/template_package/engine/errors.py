@@ -13,11 +13,10 @@ import errno
 import re
 from pathlib import Path
 
-import torch
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 
 from .resume.durable import CheckpointWriteError
-from .training.steps import steps_in
+from .resume.whole_checkpoint import is_checkpoint, saved_step
 
 
 class UsageError(ValueError):
@@ -84,10 +83,10 @@ def one_line(error: BaseException, run_dir: Path | None = None) -> str:
 
 def what_last_ckpt_holds(run_dir: Path) -> str:
     last = run_dir / "checkpoints" / "last.ckpt"
-    if not last.is_file():
+    if not is_checkpoint(last):
         return f"no {last} was written"
     try:
-        step = steps_in(torch.load(last, map_location="cpu", weights_only=True, mmap=True))
+        step = saved_step(last)
     except Exception as error:  # noqa: BLE001 - the message must still be one line
         return f"{last} cannot be read ({type(error).__name__})"
     return f"{last} still holds step {step}"

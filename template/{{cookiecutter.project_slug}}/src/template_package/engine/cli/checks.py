@@ -13,12 +13,12 @@ from pathlib import Path
 from typing import get_args
 
 import lightning as L
-import torch
 from lightning.fabric.plugins.precision.precision import _PRECISION_INPUT
 from lightning.pytorch.cli import LightningArgumentParser
 
 from ..errors import UsageError
 from ..resume.run_lock import RunDirectoryBusy, RunLock
+from ..resume.whole_checkpoint import is_checkpoint, read_for_checks
 from ..training.batch_layout import saved_layout
 
 PRECISIONS = ["auto", *(p for p in get_args(get_args(_PRECISION_INPUT)[1]) if "transformer" not in p)]
@@ -139,16 +139,17 @@ def check_run_dir_writable(root: Path) -> None:
 
 def check_checkpoint(ckpt_path: str, weights_only: bool | None) -> dict | None:
     """Refuse a checkpoint that is missing, unreadable, or needs unpickling arbitrary objects, in one line; return
-    it (memory-mapped, so reading it costs little) for further checks."""
+    it (memory-mapped, so reading it costs little; a sharded one without its weights' values) for further checks."""
     if ckpt_path in ("best", "hpc", "registry"):
         return None
     path = Path(ckpt_path)
-    if not path.is_file():
-        raise SystemExit(f"error: --ckpt_path {ckpt_path} does not exist: give the path of a .ckpt file")
-    try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=weights_only is not False, mmap=True)
+    if not is_checkpoint(path):
+        what = "is not a checkpoint (a folder without .metadata and meta.pt)" if path.is_dir() else "does not exist"
+        raise SystemExit(f"error: --ckpt_path {ckpt_path} {what}: give the path of a .ckpt file or sharded folder")
+    try:  # a sharded folder: its meta.pt, and the shapes of its weights (resume/whole_checkpoint.py)
+        checkpoint = read_for_checks(path, weights_only=weights_only is not False)
     except pickle.UnpicklingError as error:
-        if "Unsupported global" not in str(error):
+        if "unsupported global" not in str(error).lower():  # (torch: "Unsupported global", "unsupported GLOBAL")
             raise SystemExit(f"error: --ckpt_path {ckpt_path} is corrupted ({error}): use another checkpoint") from None
         raise SystemExit(
             f"error: --ckpt_path {ckpt_path} holds Python objects that only unpickling can rebuild, and unpickling "

@@ -9,6 +9,9 @@ a class the checkpoint names; its weights from the checkpoint. The sample input 
 ONNX (needs the `onnx` extra: pip install -e ".[onnx]"), `.pt2` torch.export, `.pt` TorchScript. The batch dimension
 stays dynamic. After writing, the exported model runs on a batch of another size and its outputs are compared with
 the LightningModule's; the command fails if they differ.
+
+`.ckpt` writes the checkpoint itself as one file, a sharded one (a folder, configs/fsdp.yaml) gathered whole: a
+normal Lightning checkpoint that validate, test, predict and `load_from_checkpoint` read without FSDP.
 """
 
 import argparse
@@ -19,9 +22,11 @@ import lightning as L
 import torch
 
 from ..errors import UsageError
+from ..resume.durable import CheckpointWriteError, DurableCheckpointIO
+from ..resume.whole_checkpoint import is_checkpoint, is_sharded, read_whole
 from .help import program
 
-FORMATS = {".onnx": "onnx", ".pt2": "torch.export", ".pt": "torchscript"}
+FORMATS = {".onnx": "onnx", ".pt2": "torch.export", ".pt": "torchscript", ".ckpt": "checkpoint"}
 
 
 def load_for_inference(ckpt_path: str, options: list[str] = ()) -> tuple[L.LightningModule, torch.Tensor]:
@@ -34,7 +39,8 @@ def load_for_inference(ckpt_path: str, options: list[str] = ()) -> tuple[L.Light
     quiet = ["--trainer.logger=false", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
     cli = build_cli(["predict", *config, *options, f"--ckpt_path={ckpt_path}", *quiet], run_subcommand=False)
     model = cli.model
-    model.load_state_dict(cli.checkpoint["state_dict"])  # the architecture was checked against it
+    weights = read_whole(ckpt_path)["state_dict"] if is_sharded(ckpt_path) else cli.checkpoint["state_dict"]
+    model.load_state_dict(weights)  # the architecture was checked against it
     sample = getattr(model, "example_input_array", None)
     if not isinstance(sample, torch.Tensor):
         raise UsageError(
@@ -79,18 +85,30 @@ def run_exported(output: Path, fmt: str, images: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(session.run(["outputs"], {"inputs": images.numpy()})[0])
 
 
+def write_whole(ckpt_path: str, output: Path) -> None:
+    """The checkpoint as one file (temporary file, fsync, rename), whatever its form."""
+    try:
+        DurableCheckpointIO().save_checkpoint(read_whole(ckpt_path), output)
+    except CheckpointWriteError as error:
+        raise SystemExit(f"error: {error}") from None
+    print(f"exported {output} (checkpoint): one file that loads without FSDP (--ckpt_path {output})")
+
+
 def main(argv: list[str] | None = None) -> None:
     epilog = "Other options (-c FILE, --model.<name> VALUE, ...) build the model as predict does."
     parser = argparse.ArgumentParser(prog=f"{program()} export", description=__doc__.split("\n")[0], epilog=epilog)
     parser.add_argument("--ckpt_path", required=True, help="a checkpoint written by `fit`")
-    parser.add_argument("--output", required=True, type=Path, help="the file to write: .onnx, .pt2 or .pt")
+    parser.add_argument("--output", required=True, type=Path, help="the file to write: .onnx, .pt2, .pt or .ckpt")
     parser.add_argument("--format", choices=sorted(set(FORMATS.values())), help="default: from the suffix")
     args, options = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
     fmt = args.format or FORMATS.get(args.output.suffix)
     if fmt is None:
-        parser.error(f"--output {args.output} has no known suffix: use .onnx, .pt2 or .pt, or give --format")
-    if not Path(args.ckpt_path).is_file():
-        parser.error(f"--ckpt_path {args.ckpt_path} does not exist")
+        parser.error(f"--output {args.output} has no known suffix: use .onnx, .pt2, .pt or .ckpt, or give --format")
+    if not is_checkpoint(args.ckpt_path):
+        parser.error(f"--ckpt_path {args.ckpt_path} is not a checkpoint file or sharded folder")
+    if fmt == "checkpoint":
+        write_whole(args.ckpt_path, args.output)
+        return
     try:
         model, sample = load_for_inference(args.ckpt_path, options)
     except UsageError as mistake:

@@ -11,6 +11,7 @@ from lightning.pytorch.loggers import CSVLogger, Logger
 
 from ..report.loggers import RunMLFlowLogger
 from ..resume.last_checkpoint import LastCheckpoint
+from ..resume.whole_checkpoint import is_checkpoint
 from ..training.steps import training_steps
 
 
@@ -24,7 +25,7 @@ def run_report(trainer: L.Trainer, run_dir: Path) -> str:
             final += f", best {float(best.best_model_score):.4f}: {best.best_model_path}"
         lines.append(final)
     last = run_dir / "checkpoints" / LastCheckpoint.FILENAME
-    if last.is_file():
+    if is_checkpoint(last):
         lines.append(f"last state (step {training_steps(trainer)}): {last}; continue it with --ckpt_path last")
     for logger in trainer.loggers:
         lines.append(f"look at the run: {how_to_look_at(logger)}")
@@ -43,12 +44,12 @@ def resolve_resume(config) -> None:
     """Turn `--ckpt_path last` into this run's last.ckpt, and keep a fresh fit from overwriting a run."""
     last = Path(config.last_checkpoint.dirpath) / LastCheckpoint.FILENAME
     if config.ckpt_path == "last":
-        if last.is_file():
+        if is_checkpoint(last):  # a file, or a sharded folder (a link to one)
             config.ckpt_path = str(last)
         else:
             print(f"fit --ckpt_path last: no {last} yet, starting a fresh run")
             config.ckpt_path = None
-    elif config.ckpt_path is None and last.is_file():
+    elif config.ckpt_path is None and is_checkpoint(last):
         raise SystemExit(
             f"error: {last.parent.parent} already holds a run ({last}): resume it with --ckpt_path last, "
             "or give a new --trainer.default_root_dir"

@@ -155,8 +155,8 @@ class ResumableLoaders(Callback):
         """Before Lightning restores the loops: on another number of processes, their batch counts are rewritten
         for the new layout (batch_layout.move_progress)."""
         self._saved, self._resume_at = saved_layout(checkpoint), None
-        if self._saved is None or self._saved.world_size == trainer.world_size:
-            return
+        if trainer.state.fn != "fit" or self._saved is None or self._saved.world_size == trainer.world_size:
+            return  # (validate, test and predict read no train loader: any number of processes evaluates it)
         if not self.world_size_may_change:
             raise UsageError(
                 f"the checkpoint was saved by {self._saved.world_size} processes and this run has "

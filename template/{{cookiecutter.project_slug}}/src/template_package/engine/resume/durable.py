@@ -9,7 +9,7 @@ path); torch.save to a file turns a full disk into `RuntimeError: unexpected pos
 
 Any failure, in serialising, writing, fsyncing or renaming, removes the temporary file and raises
 `CheckpointWriteError`, which names the file and the operating system's reason (`No space left on device`).
-Depends on torch and lightning only.
+Depends on torch, lightning and whole_checkpoint.py.
 """
 
 import contextlib
@@ -19,6 +19,8 @@ from typing import Any, BinaryIO
 
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+
+from .whole_checkpoint import is_sharded, read_whole
 
 
 class CheckpointWriteError(OSError):
@@ -70,7 +72,8 @@ def _reason(error: BaseException) -> tuple[str, int | None]:
 
 
 class DurableCheckpointIO(TorchCheckpointIO):
-    """Atomic, fsynced checkpoint writes whose failures name the file; reads as Lightning's TorchCheckpointIO.
+    """Atomic, fsynced checkpoint writes whose failures name the file; reads as Lightning's TorchCheckpointIO, and
+    reads a sharded checkpoint (a DCP folder) whole, so that a run without the sharded strategy evaluates it.
 
     Subclasses may override `write` to serialise another way (the tests inject write faults there).
     """
@@ -101,3 +104,8 @@ class DurableCheckpointIO(TorchCheckpointIO):
 
     def write(self, checkpoint: dict[str, Any], file: BinaryIO) -> None:
         torch.save(checkpoint, file)
+
+    def load_checkpoint(self, path, *args, **kwargs) -> dict[str, Any]:
+        if is_sharded(path):  # (one process, or DDP: every process reads every shard)
+            return read_whole(path, weights_only=kwargs.get("weights_only") is not False)
+        return super().load_checkpoint(path, *args, **kwargs)

@@ -21,6 +21,7 @@ from lightning.fabric.plugins.io import CheckpointIO
 from lightning.fabric.plugins.precision.precision import _PRECISION_INPUT
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint, ProgressBar
 from lightning.pytorch.plugins.precision import Precision
+from lightning.pytorch.strategies import ModelParallelStrategy
 
 from ..data.loaders import ResumableLoaders
 from ..errors import UsageError
@@ -133,8 +134,15 @@ class Trainer(L.Trainer):
             # TF32 tensor cores for float32 matmuls and convolutions: ~8x faster on Ampere+, deterministic.
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True
+        asked = precision
         if precision == "auto":  # a precision plugin given in `plugins` decides by itself
             precision = None if any(isinstance(p, Precision) for p in plugins) else auto_precision()
+        if isinstance(kwargs.get("strategy"), ModelParallelStrategy) and precision in ("16-mixed", "16"):
+            raise UsageError(
+                f"trainer.precision={asked!r}{' is 16-mixed on this GPU, without bf16' if asked == 'auto' else ''}: "
+                "sharded training (configs/fsdp.yaml) has no loss scaler for float16; give --trainer.precision "
+                "32-true, or bf16-mixed on a GPU with bf16"
+            )
         if max_epochs is None and kwargs.get("max_steps", -1) in (None, -1):
             max_epochs = DEFAULT_EPOCHS
         super().__init__(

@@ -1,0 +1,46 @@
+"""Test-only faults inside a sharded save (test_sharded.py): the engine's ShardedStrategy whose storage writer, on one
+rank, for the first save of a step >= `step`, fails or stalls after writing half of its file. Given to a run with
+`--trainer.strategy sharded_faults.FaultyShardedStrategy --trainer.strategy.fault ...`."""
+
+import errno
+import os
+import signal
+from pathlib import Path
+
+from torch.distributed.checkpoint import FileSystemWriter
+
+from template_package.engine.training.sharding import ShardedStrategy
+
+
+class FaultyShardedStrategy(ShardedStrategy):
+    """`fault`: "EIO" (an OSError, as a failing disk gives) or "stall" (writes `marker` holding its PID, then stops
+    itself with SIGSTOP, the way a process hangs on a dead network filesystem; a test kills it there or lets the
+    others time out). Once per marker: a restarted run goes on."""
+
+    def __init__(self, marker: str, fault: str = "stall", rank: int = 1, step: int = 0, save_timeout: float = 60.0):
+        super().__init__(save_timeout=save_timeout)
+        self.marker, self.fault, self.faulty_rank, self.step = Path(marker), fault, rank, step
+
+    def storage_writer(self, folder: Path) -> FileSystemWriter:
+        faulty = (
+            self.global_rank == self.faulty_rank
+            and self.lightning_module.trainer.global_step >= self.step
+            and not self.marker.exists()
+        )
+        return HalfWriter(folder, self) if faulty else super().storage_writer(folder)
+
+
+class HalfWriter(FileSystemWriter):
+    def __init__(self, folder: Path, strategy: FaultyShardedStrategy) -> None:
+        super().__init__(folder, single_file_per_rank=True, sync_files=True, overwrite=False)
+        self.strategy = strategy
+
+    def write_data(self, plan, planner):
+        written = super().write_data(plan, planner)
+        for result in written.value():
+            file = Path(self.path) / result.storage_data.relative_path
+            os.truncate(file, file.stat().st_size // 2)  # half of this rank's shards on disk
+        self.strategy.marker.write_text(str(os.getpid()))
+        if self.strategy.fault == "stall":
+            os.kill(os.getpid(), signal.SIGSTOP)
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
