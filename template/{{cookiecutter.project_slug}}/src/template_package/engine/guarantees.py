@@ -35,6 +35,7 @@ import torch
 import yaml
 from lightning.pytorch.callbacks import Callback
 
+from .cli.help import program
 from .resume.last_checkpoint import LastCheckpoint
 from .training.steps import steps_in, training_steps
 
@@ -304,7 +305,7 @@ def first_difference(a, b, where: str) -> str | None:
 def main(argv: list[str] | None = None) -> None:
     """`python -m <package> guarantees [--folder DIR] [fit options]`: the kit on the classes the config and the fit
     options name, from the current folder; exits 1 with the first failure."""
-    parser = argparse.ArgumentParser(prog="guarantees", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog=f"{program()} guarantees", description=__doc__.split("\n\n")[0])
     parser.add_argument("--folder", help="where the kit's runs go (default: a temporary folder, removed after)")
     args, task = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
     with tempfile.TemporaryDirectory(prefix="guarantees-") as temporary:
