@@ -274,15 +274,17 @@ def test_classes_in_the_working_directory_reach_every_rank(tmp_path: Path):
     assert checkpoint["rng_states"]["torch"].shape[0] == 2  # both ranks trained
 
 
-def test_evaluating_a_runs_checkpoint_writes_into_that_run(run_dir: Path, tmp_path: Path):
+def test_evaluating_a_runs_checkpoint_writes_into_that_run_at_its_step(run_dir: Path, tmp_path: Path):
     """Without --trainer.default_root_dir, validate and predict of DIR/checkpoints/X.ckpt log and write
-    predictions.csv into DIR, not into the default run directory (the working directory's runs/default)."""
+    predictions.csv into DIR, not into the default run directory (the working directory's runs/default); validate's
+    metrics land at the checkpoint's step, beside the run's last validation, not at step 0."""
     cli("fit", f"--trainer.default_root_dir={run_dir}", *QUICK)
     checkpoint = run_dir / "checkpoints" / "last.ckpt"
     cli("validate", f"--ckpt_path={checkpoint}")
     cli("predict", f"--ckpt_path={checkpoint}")
     assert (run_dir / "predictions.csv").is_file() and len(list(run_dir.glob("events.out.tfevents.*"))) == 3
     assert not (tmp_path / "runs").exists()
+    assert [step for step, _ in scalars(run_dir)["val/acc"]] == [5, 11, 11]  # the fit's two validations, then this
 
 
 def test_predictions_of_a_regression_are_values_not_class_probabilities(tmp_path: Path):

@@ -251,7 +251,14 @@ class ProjectCLI(LightningCLI):
         if self.checkpoint is not None:
             check_architecture(self.config_init[self.subcommand].ckpt_path, self.checkpoint, self.model)
 
-    before_validate = before_test = before_predict = _check_architecture
+    def _before_evaluation(self) -> None:
+        self._check_architecture()
+        if self.checkpoint is not None:
+            # Its metrics go beside the run's own, at the step the checkpoint was taken (training/steps.py's x-axis;
+            # Lightning would log them at step 0, among the run's first steps).
+            self.trainer.fit_loop.epoch_loop._batches_that_stepped = max(steps_in(self.checkpoint) - 1, 0)
+
+    before_validate = before_test = before_predict = _before_evaluation
 
     def before_fit(self) -> None:
         # The predictions writer only serves predict; in fit it would only cost every training hook a call.
@@ -330,14 +337,16 @@ def run_tool(name: str, args: list[str]) -> None:
 def quiet_third_party_notices() -> None:
     """Hide what our dependencies print on every run that a user can do nothing about, and only that: Lightning's
     advertisement for its cloud logger, two deprecation warnings of calls inside torchdata and Lightning, the warning
-    that the checkpoint folder is not empty (a resumed run's own), and, with configs/ema.yaml, a warning about sharded
-    models (this project's configure_model shards nothing)."""
+    that the checkpoint folder is not empty (a resumed run's own), with configs/ema.yaml a warning about sharded
+    models (this project's configure_model shards nothing), and on a machine with SLURM's srun, the warning that it is
+    not used (every command run outside a job; a job's own run is started by srun, scripts/slurm.sbatch)."""
     warnings.filterwarnings("ignore", message="'set_vital' is deprecated", category=UserWarning)
     warnings.filterwarnings("ignore", message="You're using the WeightAveraging callback with a model that overrides")
     warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)`", category=FutureWarning)
     # A run directory is never overwritten (fit refuses; --ckpt_path last resumes it): the warning is always about
     # the run's own checkpoints.
     warnings.filterwarnings("ignore", message="Checkpoint directory .* exists and is not empty")
+    warnings.filterwarnings("ignore", message="The `srun` command is available on your system but is not used")
     logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_not_the_litlogger_tip)
 
 

@@ -34,13 +34,21 @@ class TimedProgressBar(TQDMProgressBar):
         return False
 
     def _should_update(self, current: int, total: int) -> bool:  # Lightning asks this at each evaluation batch
-        return self.is_enabled and ((self._leave and current == total) or self._due())
+        """By time; and at the last batch where the bar is left (or validate, test and predict draw their last)."""
+        last = current == total and (self._leave or self.trainer.state.fn != "fit")
+        return self.is_enabled and (last or self._due())
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
         bar = self.train_progress_bar
         bar.n = batch_idx + 1  # counted at every batch, so that any redraw (after validation too) shows it
         if self._should_update(bar.n, bar.total):
             bar.set_postfix(self.get_metrics(trainer, pl_module))  # (this redraws)
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_train_start(trainer, pl_module)
+        if not self._leave:  # a run resumed mid-epoch gets no on_train_epoch_start: the epoch it goes on with
+            self.on_train_epoch_start(trainer)
+            self.train_progress_bar.n = trainer.fit_loop.epoch_loop.batch_progress.current.completed
 
     def on_train_epoch_start(self, trainer: L.Trainer, *_) -> None:
         if self._leave:

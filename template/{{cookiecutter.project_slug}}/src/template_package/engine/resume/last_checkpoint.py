@@ -221,6 +221,10 @@ class LastCheckpoint(Checkpoint):
             print(f"also: {error}", file=sys.stderr)
         finally:
             self._shut_down()
+        stopped = isinstance(exception, SystemExit) and exception.code == self._exit_code is not None
+        if stopped and trainer.is_global_zero:  # the run's last line (Lightning calls Checkpoints' hooks last)
+            name = signal.Signals(self._exit_code - 128).name if self._exit_code > 128 else "a signal"
+            print(f"stopped by {name}: {self.path} holds step {self._saved_at}", file=sys.stderr)
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage != "fit":
@@ -304,10 +308,7 @@ class LastCheckpoint(Checkpoint):
         self._write_staged(trainer)
         if self._exit_code is not None:
             self._wait_for_write()
-            if trainer.is_global_zero:
-                name = signal.Signals(self._exit_code - 128).name if self._exit_code > 128 else "a signal"
-                print(f"stopped by {name}: {self.path} holds step {self._saved_at}", file=sys.stderr)
-            raise SystemExit(self._exit_code)
+            raise SystemExit(self._exit_code)  # (said by on_exception, once the progress bars are closed)
 
     def _wait_for_write(self) -> None:
         """Block until the background write is done; raise its error (a CheckpointWriteError) here."""

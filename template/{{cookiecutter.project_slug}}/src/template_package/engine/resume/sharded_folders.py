@@ -38,6 +38,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import StorageWriter
 from torch.distributed.checkpoint.api import CheckpointException
 
+from ..training.steps import steps_in
 from .durable import CheckpointWriteError, DurableCheckpointIO, fsync
 from .whole_checkpoint import META
 
@@ -56,7 +57,7 @@ def save(
     `rest` (rank 0's) as the DCP folder `path` points to; see the module docstring. Called by every process."""
     rank, folder = dist.get_rank(group), None
     try:
-        folder = path.parent / _new_folder(path, rest.get("global_step", 0), rank, group)
+        folder = path.parent / _new_folder(path, steps_in(rest), rank, group)
         dcp.save(shards, storage_writer=storage_writer(folder), process_group=group)
     except CheckpointException as failed:  # raised on every process: one of them failed to write its part
         _remove_if_rank_zero(rank, folder)

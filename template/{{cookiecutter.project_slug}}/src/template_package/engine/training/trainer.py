@@ -2,7 +2,7 @@
 
 - the engine's defaults, in its signature, so they hold for any config (one that names only your classes too): the run
   directory `runs/default`, 20 epochs unless `max_steps` is given, deterministic kernels, clipping by global norm at
-  1.0, `precision="auto"` (see `auto_precision`); TF32 matmuls on CUDA;
+  1.0, metrics every 10 steps, `precision="auto"` (see `auto_precision`); TF32 matmuls on CUDA;
 - checkpoint files written atomically (durable.DurableCheckpointIO, unless a CheckpointIO plugin is given);
 - the engine's own callbacks, whatever the config lists: every rank's RNG states in each checkpoint
   (resume.ResumableRNGState), a train loader that resumes exactly (loaders.ResumableLoaders), and the length of
@@ -102,6 +102,8 @@ class Trainer(L.Trainer):
         gradient_clip_algorithm: "norm" (the global norm) or "value" (each gradient element).
         deterministic: deterministic kernels, so that runs repeat and resume bit for bit; false lets cuDNN pick
             faster non-deterministic ones.
+        log_every_n_steps: write the training metrics every this many training steps (at Lightning's 50, an epoch
+            shorter than that logs nothing, and Lightning warns).
     """
 
     def __init__(
@@ -113,6 +115,7 @@ class Trainer(L.Trainer):
         gradient_clip_val: int | float | None = 1.0,
         gradient_clip_algorithm: Literal["norm", "value"] | None = "norm",
         deterministic: bool | Literal["warn"] | None = True,
+        log_every_n_steps: int | None = 10,
         **kwargs,
     ) -> None:
         accumulate = kwargs.get("accumulate_grad_batches", 1)
@@ -148,7 +151,7 @@ class Trainer(L.Trainer):
         super().__init__(
             *args, default_root_dir=default_root_dir, max_epochs=max_epochs, precision=precision,
             gradient_clip_val=gradient_clip_val, gradient_clip_algorithm=gradient_clip_algorithm,
-            deterministic=deterministic, **kwargs,
+            deterministic=deterministic, log_every_n_steps=log_every_n_steps, **kwargs,
         )  # fmt: skip
 
     fit = _described(
