@@ -11,10 +11,13 @@ import os
 # test's training processes each took all the CPUs, so that the suite ran slower in parallel than in series.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+import atexit
 import contextlib
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -22,6 +25,7 @@ import pytest
 import yaml
 
 from template_package.engine.cli.main import main
+from template_package.engine.warm_start import WarmStart
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
@@ -95,10 +99,10 @@ def subprocess_env(**extra: str) -> dict[str, str]:
 
 # Processes a test started in a session of their own (see started()); whatever is left of them when the test ends,
 # passed or failed (a run frozen at a kill point, say), is SIGKILLed with its whole process group.
-STARTED: list[subprocess.Popen] = []
+STARTED: list = []
 
 
-def started(process: subprocess.Popen) -> subprocess.Popen:
+def started(process):
     STARTED.append(process)
     return process
 
@@ -120,12 +124,43 @@ def cli(*args: str, task: list[str] = STAND_IN):
     return main(with_task(args, task))
 
 
+_WARM: list[WarmStart] = []  # this test process's warm server, started at its first child
+
+
+class WarmProcess:
+    """`python -m template_package ARGS` in a child process, in the current folder, used as a subprocess.Popen: started
+    from the engine's warm server (engine/warm_start.py), it skips the 5-10 s of imports a fresh interpreter pays, and
+    is otherwise a process of its own, leading a session of its own."""
+
+    def __init__(self, args: list[str]) -> None:
+        if not _WARM:
+            _WARM.append(WarmStart(env=subprocess_env()))
+            atexit.register(_WARM[0].close)
+        self.args, self.returncode = list(args), None
+        self._output = Path(tempfile.mkdtemp(prefix="warm-"))
+        self.pid = _WARM[0].start(self.args, Path.cwd(), self._output / "out", self._output / "err")
+
+    def poll(self) -> int | None:
+        return self.wait(timeout=0, check=False)
+
+    def wait(self, timeout: float | None = None, check: bool = True) -> int | None:
+        self.returncode = _WARM[0].returncode(self.pid, timeout)
+        if self.returncode is None and check:
+            raise subprocess.TimeoutExpired(self.args, timeout)
+        return self.returncode
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, str]:
+        self.wait(timeout)
+        output = tuple((self._output / name).read_text() for name in ("out", "err"))
+        shutil.rmtree(self._output, ignore_errors=True)
+        return output
+
+
 def cli_subprocess(*args: str, timeout: float = 300, task: list[str] = STAND_IN) -> subprocess.CompletedProcess:
     """`python -m template_package ARGS` in a child process, in the test's folder, on the stand-in task."""
-    return subprocess.run(
-        [sys.executable, "-m", "template_package", *with_task(args, task)],
-        env=subprocess_env(), capture_output=True, text=True, timeout=timeout,
-    )  # fmt: skip
+    process = started(WarmProcess(with_task(args, task)))
+    out, err = process.communicate(timeout=timeout)
+    return subprocess.CompletedProcess(process.args, process.returncode, out, err)
 
 
 def resume(run_dir: Path, *args: str, task: list[str] = STAND_IN):

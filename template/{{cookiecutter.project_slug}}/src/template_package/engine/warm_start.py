@@ -8,13 +8,15 @@ ends like any other and whose state dies with it, and which starts where a fresh
 imports are done (the user's classes are imported by each child, as by a fresh process). The guarantee kit starts its
 runs this way, and so do the engine's tests. Only a process without threads may fork safely: the server starts none.
 
-The protocol, one JSON object a line: the request `{"args": [...], "cwd": DIR, "log": FILE, "env": {...}}` starts
-`python -m <package> ARGS` in DIR, with its output in FILE and `env` added to its environment; the answers are
-`{"pid": N}` at once and `{"pid": N, "returncode": R}` when the child ends (a negative R: the signal that ended it).
-The child leads a session of its own, so `os.killpg(pid, ...)` reaches it and its loader workers.
-Depends on the engine's cli/main.py only.
+The protocol, one JSON object a line: the request `{"args": [...], "cwd": DIR, "out": FILE, "err": FILE, "env":
+{...}}` starts `python -m <package> ARGS` in DIR, its standard output and error appended to the files (which may be
+one), `env` added to its environment; the answers are `{"pid": N}` at once and `{"pid": N, "returncode": R}` when the
+child ends (a negative R: the signal that ended it). The child leads a session of its own, so `os.killpg(pid, ...)`
+reaches it, its loader workers and the other processes a DDP run starts (as `python -m <package> ARGS`). Depends on
+the engine's cli/main.py only.
 """
 
+import importlib.util
 import json
 import os
 import select
@@ -38,9 +40,10 @@ class WarmStart:
         self._pending = b""
         self.returncodes: dict[int, int] = {}  # the children that have ended
 
-    def start(self, args: list[str], cwd: Path, log: Path, env: dict[str, str] | None = None) -> int:
-        """Start `python -m <package> ARGS` in `cwd`, its output appended to `log`; its pid."""
-        request = {"args": list(args), "cwd": str(cwd), "log": str(log), "env": env or {}}
+    def start(self, args: list[str], cwd: Path, out: Path, err: Path | None = None, env: dict | None = None) -> int:
+        """Start `python -m <package> ARGS` in `cwd`, its output appended to `out` (and its errors to `err`, or to
+        `out` too); its pid."""
+        request = {"args": list(args), "cwd": str(cwd), "out": str(out), "err": str(err or out), "env": env or {}}
         self._server.stdin.write((json.dumps(request) + "\n").encode())
         self._server.stdin.flush()
         while True:
@@ -85,17 +88,21 @@ def run_child(request: dict) -> None:
     try:
         os.setsid()
         os.chdir(request["cwd"])
-        log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        null = os.open(os.devnull, os.O_RDONLY)
-        for fd, target in ((0, null), (1, log), (2, log)):
+        opened = [os.open(os.devnull, os.O_RDONLY)]
+        opened += [os.open(request[name], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644) for name in ("out", "err")]
+        for fd, target in enumerate(opened):
             os.dup2(target, fd)
-        os.close(log)
-        os.close(null)
+            os.close(target)
         sys.stdin = open(0, closefd=False)  # noqa: SIM115 - the new process's standard streams
         sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
         sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
         os.environ.update(request["env"])
         sys.argv = [sys.argv[0], *request["args"]]
+        # What `python -m <package>` would have as its main module: its name for --help, and for the command
+        # Lightning starts the other processes of a DDP run with.
+        package = ENGINE.rpartition(".")[0]
+        main_spec = package and importlib.util.find_spec(f"{package}.__main__")
+        sys.modules["__main__"].__spec__ = main_spec or importlib.util.find_spec(f"{ENGINE}.__main__")
         from .cli.main import main
 
         try:
