@@ -148,6 +148,7 @@ class ResumableLoaders(Callback):
         self._saved: BatchLayout | None = None  # the resumed checkpoint's
         self._resume_at: tuple[int, int] | None = None  # (epoch, global position) after a move to another world size
         self._stream_state: dict | None = None  # the resumed checkpoint's, for a streaming train loader
+        self._group = None  # streams.cpu_group(), made once, under several processes
         self._noticed = False
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
@@ -203,9 +204,10 @@ class ResumableLoaders(Callback):
             self.layout = None
             if reason is not None:
                 return loader
-            device = trainer.strategy.root_device if world_size > 1 else None
+            if world_size > 1 and self._group is None:
+                self._group = streams.cpu_group()
             loader = streams.prepared(loader, rank, world_size)
-            stream = streams.ResumableStream(loader, seed, trainer.fit_loop, rank, world_size, device)
+            stream = streams.ResumableStream(loader, seed, trainer.fit_loop, rank, world_size, self._group)
             if self._stream_state is not None:
                 stream.load_state_dict(self._stream_state)
                 self._stream_state = None

@@ -139,14 +139,14 @@ class ResumableStream:
         seed: the run's seed.
         fit_loop: the trainer's fit loop, from which the epoch and the batches trained in it are read.
         rank, world_size: this process's rank and the number of processes.
-        device: where the ranks' all-reduce of "I have a batch" runs (the strategy's root device); None for one
-            process.
+        group: a gloo process group of every rank, for agreeing on equal steps (`cpu_group`), under several
+            processes.
     """
 
     def __init__(self, loader: DataLoader, seed: int, fit_loop, rank: int = 0, world_size: int = 1,
-                 device: torch.device | None = None) -> None:  # fmt: skip
+                 group: "torch.distributed.ProcessGroup | None" = None) -> None:  # fmt: skip
         self.loader, self.seed, self.fit_loop = loader, seed, fit_loop
-        self.rank, self.world_size, self.device = rank, world_size, device
+        self.rank, self.world_size, self.group = rank, world_size, group
         self.order = stream_order(loader)
         self.epoch: int | None = None  # the epoch being read
         self._resume: dict | None = None  # the checkpoint's state, until the next epoch is read
@@ -200,7 +200,7 @@ class ResumableStream:
         else:
             skip = resume["trained"] if resume is not None and resume["epoch"] == epoch else 0
             batches = self._skip(iter(self.loader), skip)
-        if self.world_size > 1 and self.device is not None and _length(self.loader) is None:
+        if self.world_size > 1 and _length(self.loader) is None:
             return self._while_every_rank_has_one(batches)
         return batches
 
@@ -256,14 +256,24 @@ class ResumableStream:
 
     def _while_every_rank_has_one(self, batches: Iterator) -> Iterator:
         """`batches` while every rank still has one: a rank whose part of the stream is longer stops with the others
-        (without this it would wait forever in its next step's gradient all-reduce)."""
+        (without this it would wait forever in its next step's gradient all-reduce). Each batch's all-reduce runs on
+        the CPU (gloo) while the batch before it trains, and a batch is handed on once the ranks have agreed on it:
+        the ranks read one batch further ahead, and the GPU is never waited for."""
+
+        def agree(batch) -> tuple[torch.Tensor, torch.distributed.Work]:
+            has_one = torch.tensor([batch is not _END], dtype=torch.int32)
+            return has_one, torch.distributed.all_reduce(has_one, torch.distributed.ReduceOp.MIN, self.group, True)
+
+        batch = next(batches, _END)
+        has_one, agreeing = agree(batch)
         while True:
-            batch = next(batches, _END)
-            has_one = torch.tensor([batch is not _END], dtype=torch.int32, device=self.device)
-            torch.distributed.all_reduce(has_one, op=torch.distributed.ReduceOp.MIN)
+            agreeing.wait()
             if not has_one.item():
                 return
+            following = next(batches, _END)
+            next_has_one, next_agreeing = agree(following)
             yield batch
+            batch, has_one, agreeing = following, next_has_one, next_agreeing
 
 
 def _length(loader: DataLoader) -> int | None:
@@ -271,6 +281,14 @@ def _length(loader: DataLoader) -> int | None:
         return len(loader)
     except TypeError:
         return None
+
+
+def cpu_group() -> "torch.distributed.ProcessGroup":
+    """A process group of every rank for small CPU tensors: the default one under gloo, else a new gloo group (so that
+    agreeing on equal steps never waits for a GPU). Every rank must call it."""
+    if torch.distributed.get_backend() == "gloo":
+        return torch.distributed.group.WORLD
+    return torch.distributed.new_group(backend="gloo")
 
 
 def saved_stream(checkpoint: dict) -> dict | None:
