@@ -138,10 +138,12 @@ class LitStreamData(ValidationSplit):
 
 class HeldOrder(IterableDataset):
     """Samples 0..n-1 in an order drawn each epoch from a generator the dataset holds, with a state of its own
-    (`state_dict`/`load_state_dict`: the generator at the epoch's start and the position) and no `set_epoch`."""
+    (`state_dict`/`load_state_dict`: the generator at the epoch's start and the position) and no `set_epoch`. Each of
+    `world_size` processes reads its own part, shuffled by a generator of its own."""
 
-    def __init__(self, n: int) -> None:
-        self.n, self.generator, self.position, self.epoch_start = n, torch.Generator().manual_seed(7), 0, None
+    def __init__(self, n: int, rank: int = 0, world_size: int = 1) -> None:
+        self.samples = list(range(rank, n, world_size))
+        self.generator, self.position, self.epoch_start = torch.Generator().manual_seed(7 + rank), 0, None
 
     def __iter__(self):
         info = get_worker_info()
@@ -150,9 +152,10 @@ class HeldOrder(IterableDataset):
             self.epoch_start = self.generator.get_state()
         generator = torch.Generator()
         generator.set_state(self.epoch_start)
-        mine = torch.randperm(self.n, generator=generator).tolist()[worker::workers]
+        order = torch.randperm(len(self.samples), generator=generator).tolist()
+        mine = [self.samples[i] for i in order[worker::workers]]
         if self.position == 0:
-            torch.randperm(self.n, generator=self.generator)  # the next epoch's order comes from here
+            torch.randperm(len(self.samples), generator=self.generator)  # the next epoch's order comes from here
         while self.position < len(mine):
             self.position += 1
             yield sample(mine[self.position - 1])
@@ -184,7 +187,10 @@ class IterableData(ValidationSplit):
         self.save_hyperparameters()
 
     def train_dataloader(self) -> DataLoader:
-        dataset = {"held": HeldOrder, "unseeded": UnseededDraws}[self.hparams.kind](self.hparams.samples)
+        if self.hparams.kind == "held":
+            dataset = HeldOrder(self.hparams.samples, self.trainer.global_rank, self.trainer.world_size)
+        else:
+            dataset = UnseededDraws(self.hparams.samples)
         return DataLoader(dataset, batch_size=self.hparams.batch_size, num_workers=self.hparams.num_workers)
 
 

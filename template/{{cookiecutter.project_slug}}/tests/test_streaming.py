@@ -196,18 +196,23 @@ def test_preparing_the_data_leaves_the_first_run_equal_to_a_later_one(tmp_path, 
 DDP = ["--trainer.strategy=ddp", "--trainer.accelerator=cpu", "--trainer.devices=2"]
 
 
-@needs("datasets")
 @pytest.mark.slow
-def test_ddp_ranks_read_their_own_parts_take_equal_steps_and_resume_bit_identical(tmp_path, data):
-    """Shards of 150, 150, 150 and 110 samples split by the engine between 2 processes: rank 0 reads 300 (19 batches
-    an epoch), rank 1 260 (17). Every rank takes 17 steps an epoch (rank 0 would otherwise wait forever in its 18th
-    step's gradient all-reduce); killed mid-epoch 1 and resumed, bit-identical. On 1 process it is refused."""
-    args = [*DDP, *task("HFStreamData", f"--data.folder={data / 'uneven'}", "--data.shard_sizes=[150,150,150,110]"),
-            "--last_checkpoint.every_n_steps=5"]  # fmt: skip
+@pytest.mark.parametrize("stream", [pytest.param("hf_uneven_parts", marks=needs("datasets")), "held"])
+def test_ddp_ranks_read_their_own_parts_take_equal_steps_and_resume_bit_identical(tmp_path, data, stream):
+    """hf_uneven_parts: shards of 150, 150, 150 and 110 samples split by the engine between 2 processes: rank 0 reads
+    300 (19 batches an epoch), rank 1 260 (17). Every rank takes 17 steps an epoch (rank 0 would otherwise wait forever
+    in its 18th step's gradient all-reduce). held: a stream with a state of its own on each rank, every rank's state in
+    the checkpoint (19 steps an epoch). Killed mid-epoch 1 and resumed, bit-identical; on 1 process it is refused."""
+    if stream == "held":
+        stream_args, steps = task("IterableData", "--data.kind=held"), 19
+    else:
+        shards = ["--data.shard_sizes=[150,150,150,110]", f"--data.folder={data / 'uneven'}"]
+        stream_args, steps = task("HFStreamData", *shards), 17
+    args = [*DDP, *stream_args, "--last_checkpoint.every_n_steps=5"]
     reference = tmp_path / "reference"
     finish(start_fit(reference, args))
-    assert torch.load(reference / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 3 * 17
-    run_dir = killed(tmp_path, args, [], step=23)
+    assert torch.load(reference / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 3 * steps
+    run_dir = killed(tmp_path, args, [], step=steps + 6)
     finish(start_fit(run_dir, [*args, "--ckpt_path=last"]))
     assert_same_run(reference, run_dir)
     for allow in ([], ["--allow_change=world_size"]):
