@@ -92,6 +92,7 @@ def _litdata_loader(loader: DataLoader) -> bool:
 
 def _unsplit_hf_stream(dataset) -> bool:
     datasets = sys.modules.get("datasets")
+    # (datasets has no public way to ask whether a stream was split by split_dataset_by_node)
     return datasets is not None and isinstance(dataset, datasets.IterableDataset) and dataset._distributed is None
 
 
