@@ -79,6 +79,8 @@ class HFStreamData(ValidationSplit):
         split_by_rank: split the stream between processes here (the engine does it otherwise).
     """
 
+    kit_options = {"shard_sizes": [24, 24, 24, 24]}  # the guarantee kit's short runs: 6 batches an epoch
+
     def __init__(self, folder: str, shard_sizes: tuple[int, ...] = (150, 150, 150, 150), batch_size: int = 16,
                  num_workers: int = 0, buffer_size: int = 100, stateful: bool = True,
                  split_by_rank: bool = False) -> None:  # fmt: skip
@@ -204,3 +206,19 @@ class RecordIndices(L.Callback):
         with self.path.open("a") as records:
             records.write(f"{trainer.global_step} {trainer.current_epoch} {trainer.global_rank}: "
                           f"{batch['index'].tolist()}\n")  # fmt: skip
+
+
+class PositionAheadOfTheWeights(L.Callback):
+    """Switches the engine's position fix off in this process (a negative control): each checkpoint records one batch
+    more than the weights have trained on, as the loader's own state did while Lightning had read a batch ahead."""
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        from template_package.engine.data.streams import ResumableStream
+
+        position = ResumableStream.state_dict
+
+        def ahead(stream: ResumableStream) -> dict:
+            state = position(stream)
+            return {**state, "trained": state["trained"] + 1} if state else state
+
+        ResumableStream.state_dict = ahead
