@@ -11,10 +11,10 @@ and a stack per sample: ~1 ms, 6% of a digits step on 2 CPU cores).
 
 With drop_last, an epoch is whole global batches (the samples of one optimizer step on every process), and a run
 may go on on another number of processes (training/batch_layout.py). Validation loaders without a generator get one
-of their own (see ResumableLoaders). A train loader that cannot be made exact this way gets one notice, on rank 0,
-before the first training batch: an iterable dataset without a state of its own, a custom sampler or batch sampler,
-sampling with replacement. A streaming train loader (an iterable dataset) is streams.py's: the engine makes it exact
-when it can know that the stream's order repeats, and gives the notice otherwise.
+of their own (see ResumableLoaders). A streaming train loader (an iterable dataset) is streams.py's: the engine makes
+it exact when it can know that the stream's order repeats. A train loader that cannot be made exact gets one notice,
+on rank 0, before the first training batch: a stream whose order may not repeat, a custom sampler or batch sampler,
+sampling with replacement.
 Depends on torch, torchdata, lightning and sampling.py and streams.py, and the engine's training/batch_layout.py and
 errors.py.
 """
@@ -140,7 +140,10 @@ class ResumableLoaders(Callback):
     A train loader with drop_last reads epochs of whole global batches (training/batch_layout.py), and each checkpoint
     records its layout: a run resumed on the same number of processes goes on with it, and with `world_size_may_change`
     (`fit --allow_change world_size`) one resumed on another number goes on with the same global batch, reading on
-    from the global position where it stopped."""
+    from the global position where it stopped.
+
+    A streaming train loader becomes a `streams.ResumableStream`, which is given the stream's state from the resumed
+    checkpoint here (Lightning loads loader states only when it resumes inside an epoch)."""
 
     def __init__(self, world_size_may_change: bool = False) -> None:
         self.world_size_may_change = world_size_may_change
