@@ -62,10 +62,10 @@ class StreamModel(L.LightningModule):
 
 
 class ValidationSplit(L.LightningDataModule):
-    """A small map-style validation split, samples 100,000 on, for the stream DataModules below."""
+    """A small map-style validation split, one batch of samples 100,000 on, for the stream DataModules below."""
 
     def val_dataloader(self) -> DataLoader:
-        return DataLoader([sample(100_000 + i) for i in range(64)], batch_size=32)
+        return DataLoader([sample(100_000 + i) for i in range(32)], batch_size=32)
 
 
 class HFStreamData(ValidationSplit):
