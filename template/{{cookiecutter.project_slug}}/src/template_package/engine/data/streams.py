@@ -11,8 +11,8 @@ knows two ways a dataset says so (`stream_order`):
   and, shuffled and read by 2 workers, raises IndexError when loaded; litdata's `StreamingDataLoader` restores until
   its iterator has run to the end, which Lightning never lets it do (it stops at `len()`), and its next epoch raises.
 - "state": the dataset has `state_dict`/`load_state_dict` and no `set_epoch`. It is read by torchdata's
-  `StatefulDataLoader`, whose state is taken before every fetch; a checkpoint holds the one taken when the batches it
-  trained had been read, and the run resumes from it.
+  `StatefulDataLoader`, whose state is taken after every batch it reads; a checkpoint holds the one taken when the
+  batches it trained had been read, and the run resumes from it.
 
 Either way a checkpoint holds the position of the batches trained (Lightning's loop progress), never of batches read
 ahead: from a loader without a length Lightning fetches one batch ahead, so the loader's own state was a batch past
@@ -231,7 +231,7 @@ class ResumableStream:
         yield from batches
 
     def _read_with_snapshots(self, resume: dict | None) -> Iterator:
-        """The loader's batches, its state taken before each fetch (and after the last), from the checkpoint's
+        """The loader's batches, its state taken after each one is read (and at the end), from the checkpoint's
         position on. A checkpoint taken at an earlier epoch's end before the loader had found that epoch's end
         (Lightning stops at a loader's length without asking for more) finishes that epoch first."""
         loader, count = self.loader, 0
@@ -243,16 +243,18 @@ class ResumableStream:
             elif not state.get("_iterator_finished", False):
                 for _ in loader:
                     pass
-        self._snapshots = {}
         batches = iter(loader)
+        self._snapshots = {count: loader.state_dict()}
         while True:
-            self._snapshots[count] = loader.state_dict()
             batch = next(batches, _END)
             if batch is _END:
                 self._snapshots[count] = loader.state_dict()  # finished: the next epoch starts from here
                 return
             count += 1
-            self._snapshots.pop(count - 3, None)  # Lightning trains at most one batch behind the one it reads
+            # Taken as soon as the batch is read: Lightning may take a checkpoint after training it without reading
+            # another (a loader with a length), or after reading one more (without).
+            self._snapshots[count] = loader.state_dict()
+            self._snapshots.pop(count - 3, None)
             yield batch
 
     def _while_every_rank_has_one(self, batches: Iterator) -> Iterator:
