@@ -4,6 +4,8 @@ state the checkpoint lacks, the stop in validation a module changed for validati
 state taken before the module's own epoch-end hook (the engine before it saved epoch ends as a Lightning Checkpoint
 does, put back here with sitecustomize in the kit's child processes)."""
 
+import importlib.util
+
 import pytest
 from conftest import STAND_IN, subprocess_env
 
@@ -106,3 +108,44 @@ def test_a_checkpoint_taken_in_validation_as_it_is_fails_only_the_stop_in_valida
                                              r"resumed differs .*val/d_real at step 11 .*Likely cause: state that "
                                              r"validation changes"):  # fmt: skip
         kit.check_exact_resume()
+
+
+# A stream (tests/stream_task.py): HF datasets streaming, made small for the kit by the DataModule's kit_options.
+STREAM = ["--model=null", "--model=stream_task.StreamModel", "--data=null", "--data=stream_task.HFStreamData",
+          "--checkpoint.monitor=val/loss", "--checkpoint.mode=min"]  # fmt: skip
+needs_datasets = pytest.mark.skipif(
+    importlib.util.find_spec("datasets") is None, reason="datasets is not installed: pip install -e '.[streaming]'"
+)
+
+
+def stream_kit(tmp_path, *task: str) -> GuaranteeKit:
+    env = subprocess_env(HF_HOME=str(tmp_path / "huggingface"))
+    return GuaranteeKit(tmp_path / "kit", [*STREAM, f"--data.folder={tmp_path / 'json'}", *task], env=env)
+
+
+@needs_datasets
+def test_a_stream_read_as_a_real_run_reads_it_resumes_exactly_and_its_workers_are_not_compared(tmp_path):
+    """No 6-batch limit (it would give the loader a length and switch Lightning's read-ahead off): the DataModule's
+    kit_options make 6-batch epochs of its own."""
+    kit = stream_kit(tmp_path)
+    kit.check_exact_resume()
+    assert "--trainer.limit_train_batches=6" not in kit.data_settings()
+    assert kit.why_workers_not_compared().startswith("the train loader reads a stream: each loader worker builds")
+
+
+@needs_datasets
+def test_a_stream_position_ahead_of_the_weights_fails_the_resume_check_naming_it(tmp_path):
+    """The engine's position fix off (stream_task.PositionAheadOfTheWeights: a checkpoint records one batch more than
+    trained, as the loader's own state did): the run resumed mid-epoch skips a batch, and the kit says so."""
+    kit = stream_kit(tmp_path, "--trainer.callbacks+=stream_task.PositionAheadOfTheWeights")
+    stopped = r"a run SIGKILLed mid-epoch after a checkpoint \(step 10\) and resumed differs from the uninterrupted run"
+    cause = r".*Likely cause: a position of the stream ahead of the weights"
+    with pytest.raises(AssertionError, match=stopped + cause):
+        kit.check_exact_resume()
+
+
+def test_a_stream_without_kit_options_is_refused_naming_them(tmp_path):
+    kit = GuaranteeKit(tmp_path / "kit", [*STREAM, "--data=stream_task.IterableData"], env=subprocess_env())
+    with pytest.raises(AssertionError, match=r"the train loader reads a stream, and the kit's 6-batch epochs would "
+                                             r"give it a length.*class attribute kit_options"):  # fmt: skip
+        kit.check_repeatable()

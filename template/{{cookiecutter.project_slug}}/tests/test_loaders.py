@@ -150,6 +150,6 @@ def test_a_loader_without_a_length_and_no_max_steps_gets_one_line_for_the_schedu
         cli("fit", f"--trainer.default_root_dir={run_dir}", *QUICK, "--trainer.limit_train_batches=1.0",
             "--data=stand_in.UnresumableStandInData", "--data.kind=iterable")  # fmt: skip
     assert str(stop.value.code) == (
-        "error: the warmup-cosine schedule needs the run's length in optimizer steps: set trainer.max_steps (a train "
-        "loader without a length, such as an iterable dataset's, cannot give it), or a finite max_epochs"
+        "error: the warmup-cosine schedule needs the run's length in optimizer steps, which a train loader without a "
+        "length (a stream's) cannot give: set trainer.max_steps"
     )

@@ -16,6 +16,7 @@ import lightning as L
 from lightning.fabric.plugins.precision.precision import _PRECISION_INPUT
 from lightning.pytorch.cli import LightningArgumentParser
 
+from ..data.streams import saved_stream
 from ..errors import UsageError
 from ..resume.run_lock import RunDirectoryBusy, RunLock
 from ..resume.whole_checkpoint import is_checkpoint, read_for_checks
@@ -233,6 +234,11 @@ def check_world_size(ckpt_path: str, checkpoint: dict, trainer: L.Trainer, allow
     if saved is None or saved == world_size:
         return False
     where = f"--ckpt_path {ckpt_path} was saved by {saved} processes and this run has {world_size}"
+    if saved_stream(checkpoint) is not None:
+        raise SystemExit(
+            f"error: {where}, and its train loader reads a stream, of which each process reads its own part: on "
+            f"another number of processes it would train other samples; resume it on {saved}"
+        )
     if "world_size" not in allowed:
         raise SystemExit(
             f"error: {where} (trainer.num_nodes x trainer.devices): resume it on {saved}, or add --allow_change "

@@ -11,10 +11,12 @@ and a stack per sample: ~1 ms, 6% of a digits step on 2 CPU cores).
 
 With drop_last, an epoch is whole global batches (the samples of one optimizer step on every process), and a run
 may go on on another number of processes (training/batch_layout.py). Validation loaders without a generator get one
-of their own (see ResumableLoaders). A train loader that cannot be made exact this way gets one notice, on rank 0,
-before the first training batch: an iterable dataset without a state of its own, a custom sampler or batch sampler,
+of their own (see ResumableLoaders). A streaming train loader (an iterable dataset) is streams.py's: the engine makes
+it exact when it can know that the stream's order repeats. A train loader that cannot be made exact gets one notice,
+on rank 0, before the first training batch: a stream whose order may not repeat, a custom sampler or batch sampler,
 sampling with replacement.
-Depends on torch, torchdata, lightning and sampling.py and the engine's training/batch_layout.py and errors.py.
+Depends on torch, torchdata, lightning and sampling.py and streams.py, and the engine's training/batch_layout.py and
+errors.py.
 """
 
 import sys
@@ -31,6 +33,7 @@ from torchdata.stateful_dataloader import sampler as torchdata_samplers
 from ..errors import UsageError
 from ..training.batch_layout import KEY as LAYOUT
 from ..training.batch_layout import BatchLayout, move_progress, saved_layout
+from . import streams
 from .sampling import EpochShuffleSampler, SeededSamples
 
 # The samplers a DataLoader or StatefulDataLoader makes itself from batch_size and shuffle: torch's and torchdata's.
@@ -38,7 +41,7 @@ SHUFFLED = (RandomSampler, torchdata_samplers.RandomSampler)
 BATCHING = (BatchSampler, torchdata_samplers.BatchSampler)
 
 REMEDY = (
-    "a map-style dataset in DataLoader(dataset, shuffle=True) or StatefulDataLoader does (README: Your own model and "
+    "read a map-style dataset in DataLoader(dataset, shuffle=True) or StatefulDataLoader (README: Your own model and "
     "data)"
 )
 
@@ -48,8 +51,7 @@ def why_not_resumable(loader) -> str | None:
     if not isinstance(loader, DataLoader):
         return f"it is a {type(loader).__name__}, not a DataLoader"
     if isinstance(loader.dataset, IterableDataset):
-        stateful = isinstance(loader, StatefulDataLoader) and hasattr(loader.dataset, "state_dict")
-        return None if stateful else "it reads an iterable dataset without state_dict/load_state_dict"
+        return streams.why_not_exact(loader)
     if isinstance(loader.sampler, EpochShuffleSampler):
         return None
     batches = loader.batch_sampler
@@ -138,13 +140,18 @@ class ResumableLoaders(Callback):
     A train loader with drop_last reads epochs of whole global batches (training/batch_layout.py), and each checkpoint
     records its layout: a run resumed on the same number of processes goes on with it, and with `world_size_may_change`
     (`fit --allow_change world_size`) one resumed on another number goes on with the same global batch, reading on
-    from the global position where it stopped."""
+    from the global position where it stopped.
+
+    A streaming train loader becomes a `streams.ResumableStream`, which is given the stream's state from the resumed
+    checkpoint here (Lightning loads loader states only when it resumes inside an epoch)."""
 
     def __init__(self, world_size_may_change: bool = False) -> None:
         self.world_size_may_change = world_size_may_change
         self.layout: BatchLayout | None = None  # the train loader's, None when it keeps a partial last batch
         self._saved: BatchLayout | None = None  # the resumed checkpoint's
         self._resume_at: tuple[int, int] | None = None  # (epoch, global position) after a move to another world size
+        self._stream_state: dict | None = None  # the resumed checkpoint's, for a streaming train loader
+        self._group = None  # streams.cpu_group(), made once, under several processes
         self._noticed = False
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
@@ -155,6 +162,9 @@ class ResumableLoaders(Callback):
         """Before Lightning restores the loops: on another number of processes, their batch counts are rewritten
         for the new layout (batch_layout.move_progress)."""
         self._saved, self._resume_at = saved_layout(checkpoint), None
+        # (Lightning loads the loader states only when it resumes inside an epoch; a stream needs its state at an
+        # epoch's end too.)
+        self._stream_state = streams.saved_stream(checkpoint)
         if trainer.state.fn != "fit" or self._saved is None or self._saved.world_size == trainer.world_size:
             return  # (validate, test and predict read no train loader: any number of processes evaluates it)
         if not self.world_size_may_change:
@@ -192,7 +202,19 @@ class ResumableLoaders(Callback):
         world_size, rank = trainer.world_size, trainer.global_rank
         reason = why_not_resumable(loader)
         if reason is not None:
-            self._notice(trainer, reason)
+            self._notice(trainer, reason, streams.REMEDY if streams.is_stream(loader) else REMEDY)
+        if streams.is_stream(loader):
+            self.layout = None
+            if reason is not None:
+                return loader
+            if world_size > 1 and self._group is None:
+                self._group = streams.cpu_group()
+            loader = streams.prepared(loader, rank, world_size)
+            stream = streams.ResumableStream(loader, seed, trainer.fit_loop, rank, world_size, self._group)
+            if self._stream_state is not None:
+                stream.load_state_dict(self._stream_state)
+                self._stream_state = None
+            return stream
         reason = reason or why_no_layout(loader)
         self.layout = None
         if reason is not None:
@@ -221,8 +243,9 @@ class ResumableLoaders(Callback):
         vars(owner).pop("train_dataloader", None)
         vars(owner).pop("val_dataloader", None)
 
-    def _notice(self, trainer: L.Trainer, reason: str) -> None:
+    def _notice(self, trainer: L.Trainer, reason: str, remedy: str) -> None:
         if trainer.is_global_zero and not self._noticed:
             print(f"notice: the train loader cannot resume exactly: {reason}; a run resumed from a checkpoint then "
-                  f"reads other samples than the run that never stopped. {REMEDY}", file=sys.stderr)  # fmt: skip
+                  f"reads other samples than the run that never stopped. To resume exactly, {remedy}",
+                  file=sys.stderr)  # fmt: skip
             self._noticed = True

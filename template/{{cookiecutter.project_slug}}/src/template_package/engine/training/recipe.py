@@ -57,10 +57,15 @@ def set_schedule_lengths(trainer: L.Trainer) -> None:
         if schedule.total_steps is not None:
             continue
         total_steps = trainer.estimated_stepping_batches  # max_steps, or epochs x ceil(batches / accumulation)
-        if total_steps == float("inf") or total_steps < 1:  # (-1: a train loader without a length and no max_steps)
+        if trainer.num_training_batches == float("inf") and trainer.max_steps == -1:
             raise UsageError(
-                "the warmup-cosine schedule needs the run's length in optimizer steps: set trainer.max_steps (a train "
-                "loader without a length, such as an iterable dataset's, cannot give it), or a finite max_epochs"
+                "the warmup-cosine schedule needs the run's length in optimizer steps, which a train loader without a "
+                "length (a stream's) cannot give: set trainer.max_steps"
+            )
+        if total_steps == float("inf") or total_steps < 1:  # (max_epochs=-1 and no max_steps)
+            raise UsageError(
+                "the warmup-cosine schedule needs the run's length in optimizer steps: set trainer.max_steps or a "
+                "finite trainer.max_epochs"
             )
         try:
             schedule.set_total_steps(int(total_steps))

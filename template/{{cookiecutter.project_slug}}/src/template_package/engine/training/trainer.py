@@ -9,7 +9,9 @@
   every WarmupCosineSchedule (recipe.set_schedule_lengths), so that no module trains at LR 0, and the configured
   clipping for a module that optimizes manually (manual.py);
 - the checkpoint callbacks in the order Lightning expects: `trainer.checkpoint_callback` (what `ckpt_path="best"`
-  reads) is the best checkpoints' ModelCheckpoint, and `LastCheckpoint` comes after it.
+  reads) is the best checkpoints' ModelCheckpoint, and `LastCheckpoint` comes after it;
+- a DataModule's prepare_data that leaves the global random generators and the multiprocessing start method as they
+  were (data/preparing.py), so that the first run trains like every later one.
 """
 
 import functools
@@ -24,6 +26,7 @@ from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies import ModelParallelStrategy
 
 from ..data.loaders import ResumableLoaders
+from ..data.preparing import keeping_global_state
 from ..errors import UsageError
 from ..resume.durable import DurableCheckpointIO
 from ..resume.last_checkpoint import LastCheckpoint
@@ -153,6 +156,8 @@ class Trainer(L.Trainer):
             gradient_clip_val=gradient_clip_val, gradient_clip_algorithm=gradient_clip_algorithm,
             deterministic=deterministic, log_every_n_steps=log_every_n_steps, **kwargs,
         )  # fmt: skip
+        # The first run, which prepares the data, must train like every later one (data/preparing.py).
+        self._data_connector.prepare_data = keeping_global_state(self._data_connector.prepare_data)
 
     fit = _described(
         _fit,
