@@ -21,7 +21,7 @@ def kit_on(tmp_path, *task: str, env: dict | None = None) -> GuaranteeKit:
 
 def test_unseeded_randomness_fails_the_repeat_check(tmp_path):
     """The dataset draws its noise from np.random.default_rng() with no seed."""
-    with pytest.raises(AssertionError, match=r"two runs with the same settings differ: train/\S+ at step 0 .*"
+    with pytest.raises(AssertionError, match=r"two runs with the same settings differ: train/\S+ logged at step 0 .*"
                                              r"randomness that no seed reaches"):  # fmt: skip
         kit_on(tmp_path, "--data=stand_in.DrawingStandInData", "--data.draw=unseeded").check_repeatable()
 
@@ -31,8 +31,8 @@ def test_a_generator_the_dataset_holds_fails_the_resume_and_workers_checks(tmp_p
     worker draws from its own copy. Every stop breaks it, so the kit names the mid-epoch one and its cause."""
     kit = kit_on(tmp_path, "--data=stand_in.DrawingStandInData", "--data.draw=held")
     resumed = (
-        r"a run SIGKILLed mid-epoch after a checkpoint \(step 10\) and resumed differs from the uninterrupted run: "
-        r"train/\S+ at step 9 .*a random generator the dataset or model keeps for itself"
+        r"a run SIGKILLed mid-epoch after a checkpoint \(after 10 training steps\) and resumed differs from the "
+        r"uninterrupted run: train/\S+ logged at step 9 .*a random generator the dataset or model keeps for itself"
     )
     with pytest.raises(AssertionError, match=resumed):
         kit.check_exact_resume()
@@ -51,7 +51,7 @@ def test_a_module_that_validates_with_swapped_weights_fails_only_the_stop_in_val
     """Swapped in at each validation's start and back at its end: the mid-epoch and epoch-end stops resume it
     exactly, the stop in validation saves it swapped."""
     kit = kit_on(tmp_path, "--model=null", "--model=patterns.SwapsForValidation")
-    stopped = r"a run stopped by SIGTERM during its last validation \(step 12\) and resumed differs "
+    stopped = r"a run stopped by SIGTERM during its last validation \(after 12 training steps\) and resumed "
     with pytest.raises(AssertionError, match=stopped + ".*Likely cause: state that validation changes"):
         kit.check_exact_resume()
 
@@ -88,7 +88,7 @@ def test_an_epoch_end_saved_before_the_modules_hook_fails_only_the_stop_after_an
     """The GAN steps its two schedules in on_train_epoch_end: saved before that, its epoch-end state misses them,
     which only a run resumed from that checkpoint shows."""
     kit = kit_on(tmp_path, *GAN, env=controls(tmp_path, EPOCH_END_BEFORE_THE_MODULE))
-    stopped = r"a run SIGKILLed right after its first epoch's end was saved \(step 7\) and resumed differs "
+    stopped = r"a run SIGKILLed right after its first epoch's end was saved \(after 7 training steps\) and resumed "
     with pytest.raises(AssertionError, match=stopped + ".*Likely cause: state changed at an epoch's end"):
         kit.check_exact_resume()
 
@@ -104,9 +104,9 @@ def test_a_checkpoint_taken_in_validation_as_it_is_fails_only_the_stop_in_valida
     """Without the engine putting back what validation changed, the run resumed from a stop in validation goes on
     with the interrupted validation at its next batch, and logs a validation metric of part of the batches."""
     kit = kit_on(tmp_path, *GAN, env=controls(tmp_path, VALIDATION_NOT_UNDONE))
-    with pytest.raises(AssertionError, match=r"a run stopped by SIGTERM during its last validation \(step 12\) and "
-                                             r"resumed differs .*val/d_real at step 11 .*Likely cause: state that "
-                                             r"validation changes"):  # fmt: skip
+    stopped = r"a run stopped by SIGTERM during its last validation \(after 12 training steps\) and resumed "
+    with pytest.raises(AssertionError, match=stopped + r"differs .*val/d_real logged at step 11 .*Likely cause: state "
+                                                       r"that validation changes"):  # fmt: skip
         kit.check_exact_resume()
 
 
@@ -138,7 +138,7 @@ def test_a_stream_position_ahead_of_the_weights_fails_the_resume_check_naming_it
     """The engine's position fix off (stream_task.PositionAheadOfTheWeights: a checkpoint records one batch more than
     trained, as the loader's own state did): the run resumed mid-epoch skips a batch, and the kit says so."""
     kit = stream_kit(tmp_path, "--trainer.callbacks+=stream_task.PositionAheadOfTheWeights")
-    stopped = r"a run SIGKILLed mid-epoch after a checkpoint \(step 10\) and resumed differs from the uninterrupted run"
+    stopped = r"a run SIGKILLed mid-epoch after a checkpoint \(after 10 training steps\) and resumed differs from the "
     cause = r".*Likely cause: a position of the stream ahead of the weights"
     with pytest.raises(AssertionError, match=stopped + cause):
         kit.check_exact_resume()

@@ -2,12 +2,13 @@
 classes configs/default.yaml names (tests/test_guarantees.py), and `python -m <package> guarantees [--model a.b.C
 --data a.b.D ...]` on any classes, wherever the engine was copied.
 
-Each check trains short real runs in child processes (`python -m <package>.engine fit`), in the working directory the
-kit was made in (your relative paths mean what they mean in your runs), with these settings overridden: the CPU, one
-process, 32-true precision, 2 epochs of at most 6 batches, 2 validation batches, every metric written to metrics.csv.
-Everything else is your config's. A DataModule that reads a stream makes its data small itself, with the init
-arguments of its class attribute `kit_options` (e.g. `kit_options = {"samples": 96}`): the kit's runs then read it as
-a real run does, where a limit of 6 batches would give the loader a length and switch off Lightning's read-ahead.
+Each check trains short real runs in child processes (`python -m <package> fit`, started warm: warm_start.py), in the
+working directory the kit was made in (your relative paths mean what they mean in your runs), with these settings
+overridden: the CPU, one process, 32-true precision, 2 epochs of at most 6 batches, 2 validation batches, every metric
+written to metrics.csv. Everything else is your config's. A DataModule that reads a stream makes its data small itself,
+with the init arguments of its class attribute `kit_options` (e.g. `kit_options = {"samples": 96}`): the kit's runs then
+read it as a real run does, where a limit of 6 batches would give the loader a length and switch off Lightning's
+read-ahead.
 
 - repeatable: two runs with the same settings end with the same bits;
 - exact resume: one run stopped three times and resumed each time with `--ckpt_path last`, at the three kinds of
@@ -19,7 +20,8 @@ a real run does, where a limit of 6 batches would give the loader a length and s
   each worker builds batches of its own part of it, so the number of workers is part of its order).
 
 A failure is one message naming the first tensor or metric that differs and the likely cause for the stop that
-showed it. Depends on torch, lightning and the engine's command line.
+showed it; a run of the kit's that cannot train at all (a mistake in the config, say) is said as such, with its error.
+Depends on torch, lightning and the engine's command line and warm_start.py.
 """
 
 import argparse
@@ -32,6 +34,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import weakref
 from pathlib import Path
 
 import lightning as L
@@ -43,8 +46,9 @@ from .cli.help import program
 from .data.streams import saved_stream
 from .resume.last_checkpoint import LastCheckpoint
 from .training.steps import steps_in, training_steps
+from .warm_start import WarmStart
 
-ENGINE = __package__  # run as `python -m <package>.engine fit`
+ENGINE = __package__  # the class paths of the kit's own callbacks and logger
 SETTINGS = [
     "--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.num_nodes=1", "--trainer.strategy=auto",
     "--trainer.precision=32-true", "--trainer.max_epochs=2", "--trainer.max_steps=-1",
@@ -95,6 +99,11 @@ STOPS = {  # the kill points, in the order the resumed run meets them (each resu
 }
 
 
+class KitRunFailed(AssertionError):
+    """A run of the kit's ended with an error of its own: no guarantee was checked (a mistake in the config or in
+    the options given to the kit, say)."""
+
+
 class StopAt(Callback):
     """Sends `signal_name` to this process once the training steps reach `step`, at the end of a training batch or
     (`in_validation`) of a validation batch, once per `marker` file (a resumed run goes on): SIGKILL is a crash or the
@@ -133,6 +142,7 @@ class GuaranteeKit:
         self.folder, self.task = Path(folder).resolve(), list(task)
         self.env = {"OMP_NUM_THREADS": "1", **(env or os.environ)}
         self.cwd = Path(cwd or Path.cwd())
+        self._warm: WarmStart | None = None  # started at the first command, ended with the kit
         self._reference: Path | None = None
         self._data_settings: list[str] | None = None
 
@@ -151,9 +161,9 @@ class GuaranteeKit:
             return
         for stop in ("mid_epoch", "epoch_end", "validation"):
             alone = self.stopped_run(f"resumed-{stop}", {stop: plan[stop]})
-            self.compare(stop, self.reference(), alone, f"a run {STOPS[stop]} (step {plan[stop][0]}) and resumed "
-                         "differs from the uninterrupted run")  # fmt: skip
-        said = ", then ".join(f"{STOPS[stop]} (step {step})" for stop, (step, _) in plan.items())
+            self.compare(stop, self.reference(), alone, f"a run {STOPS[stop]} (after {plan[stop][0]} training steps) "
+                         "and resumed differs from the uninterrupted run")  # fmt: skip
+        said = ", then ".join(f"{STOPS[stop]} (after {step} training steps)" for stop, (step, _) in plan.items())
         self.compare("several", self.reference(), run_dir, f"a run {said}, resumed after each, differs from the "
                      "uninterrupted run (each stop alone does not)")  # fmt: skip
 
@@ -215,8 +225,7 @@ class GuaranteeKit:
             if last:
                 break
             if process.returncode not in (0, -signal.SIGKILL, 128 + signal.SIGTERM):
-                raise AssertionError(f"the kit's run {run_dir} ended with {process.returncode}:\n"
-                                     f"{process.stderr[-3000:]}")  # fmt: skip
+                raise KitRunFailed(failed(run_dir, process))
             if process.returncode == 0:  # it ended before the remaining stops (a run without validation, say)
                 break
         return run_dir
@@ -264,15 +273,26 @@ class GuaranteeKit:
         with (run_dir.parent / f"{run_dir.name}.log").open("a") as log:
             log.write(result.stdout + result.stderr)
         if check and result.returncode != 0:
-            raise AssertionError(f"the kit's run in {run_dir} failed ({result.returncode}):\n{result.stderr[-3000:]}")
+            raise KitRunFailed(failed(run_dir, result))
         return result
 
     def _command(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        """`python -m <package> ARGS` in a process of its own, from the kit's warm server."""
         self.folder.mkdir(parents=True, exist_ok=True)
-        result = subprocess.run([sys.executable, "-m", ENGINE, *args], cwd=self.cwd, env=self.env,
-                                capture_output=True, text=True, timeout=900)  # fmt: skip
+        if self._warm is None:
+            self._warm = WarmStart(env=self.env, cwd=self.cwd)
+            weakref.finalize(self, self._warm.close)
+        out, err = (Path(tempfile.mkstemp(dir=self.folder, suffix=f".{name}")[1]) for name in ("out", "err"))
+        pid = self._warm.start(list(args), self.cwd, out, err)
+        returncode = self._warm.returncode(pid, timeout=900)
+        if returncode is None:
+            os.killpg(pid, signal.SIGKILL)
+            returncode = self._warm.returncode(pid)
+        result = subprocess.CompletedProcess(list(args), returncode, out.read_text(), err.read_text())
+        out.unlink()
+        err.unlink()
         if check and result.returncode != 0:
-            raise AssertionError(f"{' '.join(args[:1])} failed ({result.returncode}):\n{result.stderr[-3000:]}")
+            raise KitRunFailed(failed(None, result))
         return result
 
     def _config(self, name: str, callbacks: list[dict] = (), loggers: list[dict] = ()) -> str:
@@ -295,6 +315,14 @@ class GuaranteeKit:
         if cause in STREAM_CAUSES and self.reads_a_stream():
             likely = f"{STREAM_CAUSES[cause]}; or {likely}"
         raise AssertionError(f"{what}: {'; '.join(found)}. Likely cause: {likely}{said}")
+
+
+def failed(run_dir: Path | None, run: subprocess.CompletedProcess) -> str:
+    """What a run of the kit's said when it failed: its error line first, then the end of its output."""
+    lines = [line for line in run.stderr.splitlines() if line.strip()]
+    error = next((line for line in reversed(lines) if line.startswith("error:")), lines[-1] if lines else "")
+    where = f" in {run_dir}" if run_dir is not None else ""
+    return f"a run of the kit's{where} could not train (exit {run.returncode}): {error}\n{run.stderr[-3000:]}"
 
 
 def reads_a_stream(run_dir: Path) -> bool:
@@ -330,7 +358,7 @@ def first_logged_difference(expected: Path, got: Path) -> list[str]:
         a, b = ours.get((name, step)), theirs.get((name, step))
         if a != b and not (a is not None and b is not None and math.isnan(a) and math.isnan(b)):
             what = "is missing" if b is None else "was not logged by the uninterrupted run" if a is None else None
-            return [f"{name} at step {step} {what or f'is {b} instead of {a}'}"]
+            return [f"{name} logged at step {step} {what or f'is {b} instead of {a}'}"]
     return []
 
 
@@ -366,7 +394,11 @@ def first_difference(a, b, where: str) -> str | None:
 def main(argv: list[str] | None = None) -> None:
     """`python -m <package> guarantees [--folder DIR] [fit options]`: the kit on the classes the config and the fit
     options name, from the current folder; exits 1 with the first failure."""
-    parser = argparse.ArgumentParser(prog=f"{program()} guarantees", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog=f"{program()} guarantees", description=__doc__.split("\n\n")[0],
+        epilog="Every other option is a fit option, given to every run of the kit: --model a.b.C --data a.b.D, "
+        "--checkpoint.monitor val/loss, -c a preset.",
+    )  # fmt: skip
     parser.add_argument("--folder", help="where the kit's runs go (default: a temporary folder, removed after)")
     args, task = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
     with tempfile.TemporaryDirectory(prefix="guarantees-") as temporary:
@@ -381,6 +413,9 @@ def main(argv: list[str] | None = None) -> None:
                 continue
             try:
                 check()
+            except KitRunFailed as failure:
+                print(f"FAILED: {failure}", file=sys.stderr)
+                raise SystemExit(1) from None
             except AssertionError as failure:
                 print(f"FAILED {name}: {failure}", file=sys.stderr)
                 raise SystemExit(1) from None
