@@ -10,7 +10,7 @@ from bakery import REPO, cookiecutter_cli, run
 def test_no_input_bakes_the_default_project(tmp_path):
     result = cookiecutter_cli(str(REPO), "--no-input", "-o", str(tmp_path))
     assert result.returncode == 0, result.stderr
-    assert (tmp_path / "digits-classifier" / "src" / "digits_classifier" / "engine" / "cli.py").is_file()
+    assert (tmp_path / "digits-classifier" / "src" / "digits_classifier" / "engine" / "cli" / "main.py").is_file()
     assert (tmp_path / "digits-classifier" / "src" / "digits_classifier" / "classifier" / "model.py").is_file()
 
 

@@ -3,7 +3,11 @@ import math
 import pytest
 import torch
 
-from template_package.engine.training.schedulers import WarmupCosineSchedule, resolve_warmup_steps, warmup_cosine_factor
+from template_package.engine.training.schedulers import (
+    WarmupCosineSchedule,
+    resolve_warmup_steps,
+    warmup_cosine_factor,
+)
 
 
 def lrs_over_run(total_steps: int, warmup: float, peak: float = 1e-2, min_lr_ratio: float = 0.1) -> list[float]:
