@@ -16,6 +16,7 @@ reaches it, its loader workers and the other processes a DDP run starts (as `pyt
 the engine's cli/main.py only.
 """
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -106,7 +107,7 @@ def run_child(request: dict) -> None:
         from .cli.main import main
 
         try:
-            main(request["args"])
+            main()  # its arguments are sys.argv's, as a fresh process's are
             code = 0
         except SystemExit as stop:
             code = stop.code if isinstance(stop.code, int) else 0 if stop.code is None else 1
@@ -123,6 +124,11 @@ def run_child(request: dict) -> None:
 def serve() -> None:
     """Read requests from stdin, fork a child for each, answer with its pid and, later, its exit status."""
     from .cli.main import main  # noqa: F401 - imported once here, for every child
+
+    with contextlib.suppress(ImportError):  # jsonargparse's stub search path, found by starting another Python
+        from jsonargparse._stubs_resolver import get_stubs_resolver  # (0.1-6 s a child, as it imports): found once
+
+        get_stubs_resolver()
 
     children: set[int] = set()
     pending = b""
