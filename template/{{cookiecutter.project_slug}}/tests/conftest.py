@@ -138,7 +138,8 @@ class WarmProcess:
             atexit.register(_WARM[0].close)
         self.args, self.returncode = list(args), None
         self._output = Path(tempfile.mkdtemp(prefix="warm-"))
-        self.pid = _WARM[0].start(self.args, Path.cwd(), self._output / "out", self._output / "err")
+        out, err = self._output / "out", self._output / "err"
+        self.pid = _WARM[0].start(self.args, Path.cwd(), out, err, env=subprocess_env())  # the test's own env too
 
     def poll(self) -> int | None:
         return self.wait(timeout=0, check=False)

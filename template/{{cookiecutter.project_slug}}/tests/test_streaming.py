@@ -7,14 +7,12 @@ would make a resume inexact is refused in one line."""
 import importlib.util
 import multiprocessing
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import cli, extra_config, resume, scalars, started, subprocess_env
+from conftest import WarmProcess, cli, extra_config, resume, scalars, started
 from stream_task import HeldOrder, HFStreamData, LitStreamData, UnseededDraws
 from test_resume import assert_same_run, finish, freeze_config, kill_when_frozen
 from torch.utils.data import DataLoader
@@ -70,11 +68,8 @@ def held(workers: int, *args: str) -> list[str]:
     return task("IterableData", "--data.kind=held", f"--data.num_workers={workers}", *args)
 
 
-def start_fit(run_dir: Path, args: list[str]) -> subprocess.Popen:
-    return started(subprocess.Popen(
-        [sys.executable, "-m", "template_package", "fit", f"--trainer.default_root_dir={run_dir}", *args],
-        env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-    ))  # fmt: skip
+def start_fit(run_dir: Path, args: list[str]) -> WarmProcess:
+    return started(WarmProcess(["fit", f"--trainer.default_root_dir={run_dir}", *args]))
 
 
 REFERENCES: dict[tuple[str, ...], Path] = {}

@@ -5,8 +5,9 @@ version checks torchmetrics, torchvision and scipy (5-11 s measured on 2 CPU cor
 training for the guarantee kit's runs). `WarmStart` starts a server, `python -m <package>.engine.warm_start`, that
 imports the engine once and runs each command in a child forked from itself: a process of its own, which a SIGKILL
 ends like any other and whose state dies with it, and which starts where a fresh `python -m <package>` stands once its
-imports are done (the user's classes are imported by each child, as by a fresh process). The guarantee kit starts its
-runs this way, and so do the engine's tests. Only a process without threads may fork safely: the server starts none.
+imports are done (the user's classes are imported by each child, as by a fresh process). The guarantee kit and
+`sweep` start their runs this way, and so do the engine's tests. Only a process without threads may fork safely: the
+server starts none.
 
 The protocol, one JSON object a line: the request `{"args": [...], "cwd": DIR, "out": FILE, "err": FILE, "env":
 {...}}` starts `python -m <package> ARGS` in DIR, its standard output and error appended to the files (which may be
@@ -17,10 +18,12 @@ the engine's cli/main.py only.
 """
 
 import contextlib
+import ctypes
 import importlib.util
 import json
 import os
 import select
+import signal
 import subprocess
 import sys
 import time
@@ -33,10 +36,13 @@ ENGINE = __package__
 class WarmStart:
     """A warm server to start commands from; `env` and `cwd` are the server's own (what a child inherits)."""
 
-    def __init__(self, env: dict[str, str] | None = None, cwd: Path | None = None) -> None:
+    def __init__(self, env: dict[str, str] | None = None, cwd: Path | None = None, dies_with_us: bool = False) -> None:
+        """`dies_with_us`: the kernel SIGKILLs the server when this process dies, and each child when the server
+        does (Linux; see dies_with_parent), so that nothing started from here outlives a caller killed for good."""
+        self.dies_with_us = dies_with_us
         self._server = subprocess.Popen(
             [sys.executable, "-m", f"{ENGINE}.warm_start"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            env=env, cwd=cwd, start_new_session=True,
+            env=env, cwd=cwd, start_new_session=True, preexec_fn=dies_with_parent() if dies_with_us else None,
         )  # fmt: skip
         self._pending = b""
         self.returncodes: dict[int, int] = {}  # the children that have ended
@@ -44,7 +50,8 @@ class WarmStart:
     def start(self, args: list[str], cwd: Path, out: Path, err: Path | None = None, env: dict | None = None) -> int:
         """Start `python -m <package> ARGS` in `cwd`, its output appended to `out` (and its errors to `err`, or to
         `out` too); its pid."""
-        request = {"args": list(args), "cwd": str(cwd), "out": str(out), "err": str(err or out), "env": env or {}}
+        request = {"args": list(args), "cwd": str(cwd), "out": str(out), "err": str(err or out), "env": env or {},
+                   "dies_with_server": self.dies_with_us}  # fmt: skip
         self._server.stdin.write((json.dumps(request) + "\n").encode())
         self._server.stdin.flush()
         while True:
@@ -87,6 +94,8 @@ def run_child(request: dict) -> None:
     """In the forked child: become the command, and exit with its status (never returns)."""
     code = 1
     try:
+        if request.get("dies_with_server") and (die := dies_with_parent(parent=request["server"])):
+            die()
         os.setsid()
         os.chdir(request["cwd"])
         opened = [os.open(os.devnull, os.O_RDONLY)]
@@ -121,6 +130,22 @@ def run_child(request: dict) -> None:
         os._exit(code)
 
 
+def dies_with_parent(parent: int | None = None):
+    """A function for a child of `parent` (this process by default) to call at its start (a `preexec_fn`) that has
+    the kernel SIGKILL it when its parent dies (Linux's PR_SET_PDEATHSIG); None elsewhere. (PR_SET_PDEATHSIG follows
+    the thread that forked: the caller's main thread, say, not a thread that ends before the child does.)"""
+    if not sys.platform.startswith("linux"):
+        return None
+    prctl, parent = ctypes.CDLL(None, use_errno=True).prctl, parent or os.getpid()
+
+    def set_death_signal() -> None:
+        prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the parent died between the fork and now
+            os._exit(1)
+
+    return set_death_signal
+
+
 def serve() -> None:
     """Read requests from stdin, fork a child for each, answer with its pid and, later, its exit status."""
     from .cli.main import main  # noqa: F401 - imported once here, for every child
@@ -147,9 +172,10 @@ def serve() -> None:
         pending += data
         while b"\n" in pending:
             line, pending = pending.split(b"\n", 1)
+            request = {**json.loads(line), "server": os.getpid()}
             pid = os.fork()
             if pid == 0:
-                run_child(json.loads(line))
+                run_child(request)
             children.add(pid)
             answer({"pid": pid})
 

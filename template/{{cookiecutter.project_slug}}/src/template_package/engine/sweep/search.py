@@ -41,14 +41,11 @@ study writes it, wherever the best trial ran), `DIR/history.png` and `DIR/import
 """
 
 import contextlib
-import ctypes
 import inspect
 import io
 import os
 import signal
 import statistics
-import subprocess
-import sys
 import time
 import warnings
 from dataclasses import MISSING, dataclass, field, fields
@@ -60,11 +57,11 @@ import yaml
 from ..cli.help import program
 from ..errors import UsageError
 from ..resume.run_lock import RunLock
+from ..warm_start import WarmStart
 from .report import ReportToTrial, pruner
 from .results import format_value, results
 from .shared_study import Ownership, StudyLock, hidden_password, open_storage, translated_errors, try_acquire
 
-ENGINE = __package__.rsplit(".", 1)[0]  # trials run `python -m <package>.engine fit`
 DISTRIBUTIONS = ("float", "int", "categorical")
 RUNNING, FINISHED = optuna.trial.TrialState.RUNNING, (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
 
@@ -326,7 +323,11 @@ class Sweep:
         self.stride = stride  # the steps between two folds' reports to the pruner
         self.dir = Path(settings.dir)
         self.ownership = Ownership(study, self.dir)
-        self.fit: subprocess.Popen | None = None
+        # Each trial's fit starts from a warm server (engine/warm_start.py): 5-10 s of imports saved a trial, and
+        # the fit dies with the sweep, as the server does (a sweep killed for good leaves no fit that trains its
+        # trial and reports to the study while another process takes the trial over).
+        self.trials: WarmStart | None = None
+        self.fit: int | None = None  # the running fit's pid
         self.stopped_by: int | None = None
 
     def run(self) -> None:
@@ -334,6 +335,8 @@ class Sweep:
         try:
             while (claimed := self._next_trial()) is not None:
                 trial, claim = claimed
+                if self.trials is None:  # started while this process has no thread of ours: it forks
+                    self.trials = WarmStart(dies_with_us=True)
                 try:
                     self._run(trial)
                 finally:
@@ -341,13 +344,16 @@ class Sweep:
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
+            if self.trials is not None:
+                self.trials.close()
 
     def _stop(self, signum: int, frame) -> None:
         """Pass a stop signal to the trial's fit, which saves and exits; the sweep then exits with its code."""
         self.stopped_by = signum
-        if self.fit is None or self.fit.poll() is not None:
+        if self.fit is None or self.fit in self.trials.returncodes:
             raise SystemExit(128 + signum)
-        self.fit.send_signal(signum)
+        with contextlib.suppress(ProcessLookupError):  # (it may end this moment: the sweep then exits with its code)
+            os.kill(self.fit, signum)
 
     def _next_trial(self) -> tuple[optuna.Trial, RunLock] | None:
         """A running trial that lost its process, else a new trial while the study has fewer than n_trials; with the
@@ -448,33 +454,16 @@ class Sweep:
         report_config = run_dir / "sweep_trial.yaml"
         report_config.write_text(yaml.safe_dump({"trainer": {"callbacks+": [report]}}))
         folds = [] if fold is None else [f"--data.folds={self.settings.folds}", f"--data.fold={fold}"]
-        command = [sys.executable, "-m", ENGINE, "fit", *self.fit_args, "-c", str(report_config),
-                   f"--trainer.default_root_dir={run_dir}", "--ckpt_path=last", *folds,
-                   *(f"--{option}={value}" for option, value in params.items())]  # fmt: skip
-        with (run_dir / "fit.log").open("a") as log:
-            self.fit = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, preexec_fn=dies_with_us())
-            with self.ownership.beating(trial._trial_id):  # a thread: started after the fork, for preexec_fn's sake
-                code = self.fit.wait()
-            self.fit = None
+        options = [f"--{option}={value}" for option, value in params.items()]
+        command = ["fit", *self.fit_args, "-c", str(report_config), f"--trainer.default_root_dir={run_dir}",
+                   "--ckpt_path=last", *folds, *options]  # fmt: skip
+        with self.ownership.beating(trial._trial_id):  # (from before the server's first answer: it may import yet)
+            self.fit = self.trials.start(command, Path.cwd(), run_dir / "fit.log")
+            code = self.trials.returncode(self.fit)
+        self.fit = None
         if self.stopped_by is not None or code in (130, 138, 143):
             raise SystemExit(128 + self.stopped_by if self.stopped_by else code)  # saved: the next sweep resumes it
         return code
-
-
-def dies_with_us():
-    """A `preexec_fn` that has the kernel SIGKILL the child when this process dies (Linux's PR_SET_PDEATHSIG): a sweep
-    killed for good leaves no `fit` behind that trains its trial and reports to the study while another process takes
-    the trial over. None elsewhere. (PR_SET_PDEATHSIG follows the thread that forks: the sweep's main thread.)"""
-    if not sys.platform.startswith("linux"):
-        return None
-    prctl, parent = ctypes.CDLL(None, use_errno=True).prctl, os.getpid()
-
-    def set_death_signal() -> None:
-        prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
-        if os.getppid() != parent:  # the sweep died between the fork and now
-            os._exit(1)
-
-    return set_death_signal
 
 
 def last_line(path: Path) -> str:
