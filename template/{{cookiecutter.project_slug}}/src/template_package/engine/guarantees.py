@@ -25,6 +25,7 @@ Depends on torch, lightning and the engine's command line and warm_start.py.
 """
 
 import argparse
+import atexit
 import csv
 import inspect
 import json
@@ -34,7 +35,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import weakref
 from pathlib import Path
 
 import lightning as L
@@ -142,7 +142,7 @@ class GuaranteeKit:
         self.folder, self.task = Path(folder).resolve(), list(task)
         self.env = {"OMP_NUM_THREADS": "1", **(env or os.environ)}
         self.cwd = Path(cwd or Path.cwd())
-        self._warm: WarmStart | None = None  # started at the first command, ended with the kit
+        self._warm: WarmStart | None = None  # found at the first command
         self._reference: Path | None = None
         self._data_settings: list[str] | None = None
 
@@ -280,8 +280,7 @@ class GuaranteeKit:
         """`python -m <package> ARGS` in a process of its own, from the kit's warm server."""
         self.folder.mkdir(parents=True, exist_ok=True)
         if self._warm is None:
-            self._warm = WarmStart(env=self.env, cwd=self.cwd)
-            weakref.finalize(self, self._warm.close)
+            self._warm = warm_server(self.env, self.cwd)
         out, err = (Path(tempfile.mkstemp(dir=self.folder, suffix=f".{name}")[1]) for name in ("out", "err"))
         pid = self._warm.start(list(args), self.cwd, out, err)
         returncode = self._warm.returncode(pid, timeout=900)
@@ -315,6 +314,19 @@ class GuaranteeKit:
         if cause in STREAM_CAUSES and self.reads_a_stream():
             likely = f"{STREAM_CAUSES[cause]}; or {likely}"
         raise AssertionError(f"{what}: {'; '.join(found)}. Likely cause: {likely}{said}")
+
+
+_SERVERS: dict[tuple, WarmStart] = {}  # by environment and folder, ended when this process ends
+
+
+def warm_server(env: dict[str, str], cwd: Path) -> WarmStart:
+    """A warm server for the kit's runs, shared by the kits of this process with the same environment and folder
+    (its start imports the engine: 5-10 s)."""
+    key = (tuple(sorted(env.items())), str(cwd))
+    if key not in _SERVERS or not _SERVERS[key].serving():
+        _SERVERS[key] = WarmStart(env=env, cwd=cwd)
+        atexit.register(_SERVERS[key].close)
+    return _SERVERS[key]
 
 
 def failed(run_dir: Path | None, run: subprocess.CompletedProcess) -> str:

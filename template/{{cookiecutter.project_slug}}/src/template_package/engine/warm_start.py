@@ -68,6 +68,9 @@ class WarmStart:
                 return None
         return self.returncodes[pid]
 
+    def serving(self) -> bool:
+        return self._server.poll() is None
+
     def close(self) -> None:
         """End the server (children still running go on until they end)."""
         if self._server.poll() is None:
