@@ -57,8 +57,13 @@ def test_preset_project_is_ruff_clean(baked):
 # The other presets differ from the default in names and optional files only, not in code: their projects run the
 # tests that depend on those (the package's name in training, help and copied modules), not the whole suite again;
 # the char_lm preset, another example task on the same engine, runs its example's tests and the guarantee kit.
-SMOKE = ["tests/test_cli.py::test_fit_writes_the_run_directory_contract", "tests/test_copy_modules.py",
-         "tests/test_faults.py::test_help_tells_the_truth"]  # fmt: skip
+SMOKE = [
+    "tests/test_cli.py::test_fit_writes_the_run_directory_contract",
+    "tests/test_faults.py::test_help_tells_the_truth",
+    "tests/test_copy_modules.py::test_the_engine_imports_nothing_outside_itself_and_has_no_import_circle",
+    "tests/test_copy_modules.py::test_the_engine_copied_into_another_project_trains_its_own_model_with_the_engines_"
+    "defaults",
+]
 
 
 def test_preset_project_passes_its_own_tests(baked, request):
