@@ -6,9 +6,9 @@ Each check trains short real runs in child processes (`python -m <package> fit`,
 working directory the kit was made in (your relative paths mean what they mean in your runs), with these settings
 overridden: the CPU, one process, 32-true precision, 2 epochs of at most 6 batches, 2 validation batches, every metric
 written to metrics.csv. Everything else is your config's. A DataModule that reads a stream makes its data small itself,
-with the init arguments of its class attribute `kit_options` (e.g. `kit_options = {"samples": 96}`): the kit's runs then
-read it as a real run does, where a limit of 6 batches would give the loader a length and switch off Lightning's
-read-ahead.
+with the init arguments of its class attribute `kit_options` (e.g. `kit_options = {"shard_sizes": [24, 24, 24, 24]}`):
+the kit's runs then read it as a real run does, where a limit of 6 batches would give the loader a length and switch
+off Lightning's read-ahead.
 
 - repeatable: two runs with the same settings end with the same bits;
 - exact resume: one run stopped three times and resumed each time with `--ckpt_path last`, at the three kinds of
@@ -240,7 +240,7 @@ class GuaranteeKit:
                     "the train loader reads a stream, and the kit's 6-batch epochs would give it a length, which "
                     "switches off Lightning's read-ahead: its runs would not resume as yours do. Give the DataModule "
                     "a small stream of its own for the kit: a class attribute kit_options with the init arguments "
-                    'that make it, e.g. kit_options = {"samples": 96} (README: Streaming data)'
+                    'that make it, e.g. kit_options = {"shard_sizes": [24, 24, 24, 24]} (README: Streaming data)'
                 )
             self._reference = reference
         return self._reference
@@ -252,8 +252,9 @@ class GuaranteeKit:
 
             data = (self.config().get("data") or {}).get("class_path")
             options = getattr(import_class(data), "kit_options", None) if data is not None else None
-            self._data_settings = [f"--data.{name}={value if isinstance(value, str) else json.dumps(value)}"
-                                   for name, value in (options or {}).items()] or [SHORT_EPOCHS]  # fmt: skip
+            small = [f"--data.{name}={value if isinstance(value, str) else json.dumps(value)}"
+                     for name, value in (options or {}).items()]  # fmt: skip
+            self._data_settings = small or [SHORT_EPOCHS]
         return self._data_settings
 
     def fit(self, name: str, *args: str) -> Path:
