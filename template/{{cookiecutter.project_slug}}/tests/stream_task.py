@@ -18,6 +18,8 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from torchdata.stateful_dataloader import StatefulDataLoader
 
+from template_package.engine import TrainingRecipe
+
 FEATURES, CLASSES = 16, 3
 
 
@@ -59,6 +61,22 @@ class StreamModel(L.LightningModule):
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=self.hparams.lr, momentum=0.9)
+
+
+class RecipeStreamModel(TrainingRecipe):
+    """StreamModel's network on the engine's recipe: AdamW and the warmup-cosine schedule, whose length a stream
+    cannot give (it has none): the run's trainer.max_steps gives it."""
+
+    def __init__(self, dropout: float = 0.3, **recipe) -> None:
+        super().__init__(**recipe)
+        self.save_hyperparameters()
+        self.net = nn.Sequential(nn.Linear(FEATURES, 32), nn.ReLU(), nn.Dropout(dropout), nn.Linear(32, CLASSES))
+
+    def training_step(self, batch: dict, batch_idx: int) -> Tensor:
+        return F.cross_entropy(self.net(batch["x"]), batch["y"])
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        self.log("val/loss", F.cross_entropy(self.net(batch["x"]), batch["y"]), sync_dist=True)
 
 
 class ValidationSplit(L.LightningDataModule):

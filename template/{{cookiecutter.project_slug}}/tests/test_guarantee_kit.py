@@ -126,8 +126,8 @@ def stream_kit(tmp_path, *task: str) -> GuaranteeKit:
 @needs_datasets
 def test_a_stream_read_as_a_real_run_reads_it_resumes_exactly_and_its_workers_are_not_compared(tmp_path):
     """No 6-batch limit (it would give the loader a length and switch Lightning's read-ahead off): the DataModule's
-    kit_options make 6-batch epochs of its own."""
-    kit = stream_kit(tmp_path)
+    kit_options make 6-batch epochs of its own, and max_steps gives the recipe's warmup-cosine schedule a length."""
+    kit = stream_kit(tmp_path, "--model=stream_task.RecipeStreamModel")
     kit.check_exact_resume()
     assert "--trainer.limit_train_batches=6" not in kit.data_settings()
     assert kit.why_workers_not_compared().startswith("the train loader reads a stream: each loader worker builds")

@@ -194,6 +194,13 @@ def test_kill_before_the_first_checkpoint_starts_over_without_repeating_logged_s
     assert_same_run(reference, run_dir)
 
 
+def test_a_run_with_max_steps_resumed_from_an_epoch_end_is_bit_identical(tmp_path, tmp_path_factory):
+    """With trainer.max_steps set, Lightning re-entered the finished epoch on resume (resume/finished_epochs.py): exit
+    0 and other weights. Negative control: without keep_finished_epochs_finished, this test fails on the weights."""
+    args = ["--trainer.max_steps=1000", "--last_checkpoint.every_n_steps=0"]  # (the run ends by max_epochs=3)
+    assert_kill_and_resume_exact(tmp_path, tmp_path_factory, args, hook="on_train_batch_end", step=27)
+
+
 def test_kill_inside_an_accumulation_window(tmp_path, tmp_path_factory):
     # Batch 16 is inside the window of batches 15..17 of epoch 0; the last checkpoint is at optimizer step 5,
     # written after batch 14.

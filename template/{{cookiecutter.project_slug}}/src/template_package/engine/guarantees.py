@@ -8,7 +8,8 @@ overridden: the CPU, one process, 32-true precision, 2 epochs of at most 6 batch
 written to metrics.csv. Everything else is your config's. A DataModule that reads a stream makes its data small itself,
 with the init arguments of its class attribute `kit_options` (e.g. `kit_options = {"shard_sizes": [24, 24, 24, 24]}`):
 the kit's runs then read it as a real run does, where a limit of 6 batches would give the loader a length and switch
-off Lightning's read-ahead.
+off Lightning's read-ahead; they get `max_steps=1000` too, the length a warmup-cosine schedule needs from a stream
+(the runs still end after 2 epochs).
 
 - repeatable: two runs with the same settings end with the same bits;
 - exact resume: one run stopped three times and resumed each time with `--ckpt_path last`, at the three kinds of
@@ -56,6 +57,7 @@ SETTINGS = [
     "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
 ]  # fmt: skip
 SHORT_EPOCHS = "--trainer.limit_train_batches=6"  # for data without `kit_options`
+STREAM_LENGTH = "--trainer.max_steps=1000"  # for data with them: a schedule's length (2 epochs end the runs first)
 # What the final checkpoints must hold alike (EMA's weights and the trained ones too).
 COMPARED = ("state_dict", "optimizer_states", "lr_schedulers", "global_step", "epoch", "training_steps",
             "rng_states", "current_model_state", "averaging_state")  # fmt: skip
@@ -246,7 +248,8 @@ class GuaranteeKit:
         return self._reference
 
     def data_settings(self) -> list[str]:
-        """The DataModule's `kit_options` as options (its data made small by itself), or else 6-batch epochs."""
+        """The DataModule's `kit_options` as options (its data made small by itself) with a run length for schedules,
+        or else 6-batch epochs."""
         if self._data_settings is None:
             from .cli.checks import import_class
 
@@ -254,7 +257,7 @@ class GuaranteeKit:
             options = getattr(import_class(data), "kit_options", None) if data is not None else None
             small = [f"--data.{name}={value if isinstance(value, str) else json.dumps(value)}"
                      for name, value in (options or {}).items()]  # fmt: skip
-            self._data_settings = small or [SHORT_EPOCHS]
+            self._data_settings = [*small, STREAM_LENGTH] if small else [SHORT_EPOCHS]
         return self._data_settings
 
     def fit(self, name: str, *args: str) -> Path:

@@ -153,7 +153,6 @@ class ResumableStream:
         self._resume: dict | None = None  # the checkpoint's state, until the next epoch is read
         self._epoch_resume: dict | None = None  # the state the epoch being read started from
         self._snapshots: dict[int, dict] = {}  # "state": the loader's state after each count of batches read
-        self._told = False  # (Lightning may load the state twice)
 
     def __len__(self) -> int:
         return len(self.loader)  # a TypeError for a loader without a length: Lightning then treats it as one
@@ -190,16 +189,6 @@ class ResumableStream:
                 "new run"
             )
         self._resume = state
-        loop = self.fit_loop
-        at_an_epoch_end = state["epoch"] < loop.epoch_progress.current.processed
-        if at_an_epoch_end and loop.max_steps not in (None, -1) and self.rank == 0 and not self._told:
-            self._told = True
-            # Measured (not yet understood): resumed from an epoch's end with max_steps set, Lightning ends the next
-            # epoch of a stream after its first batch, exit 0. Without max_steps it trains the epoch whole.
-            print("notice: the train loader cannot resume exactly: a stream resumed from an epoch's end with "
-                  "trainer.max_steps set ends its next epoch after one batch (a known fault); resume from a "
-                  "checkpoint taken mid-epoch (last_checkpoint.every_n_steps), or train by max_epochs alone with a "
-                  "schedule that needs no length", file=sys.stderr)  # fmt: skip
 
     def __iter__(self) -> Iterator:
         epoch = self.fit_loop.epoch_progress.current.processed

@@ -8,7 +8,7 @@ crash or a full disk at any instant leaves a loadable `last.ckpt`, and only once
 is logged. Training pays only for a copy of the state: serialisation, fsyncs and the rename run in a background
 thread.
 
-Depends on torch, lightning and the engine's durable.py, stop_signals.py and errors.py.
+Depends on torch, lightning and the engine's durable.py, finished_epochs.py, stop_signals.py and errors.py.
 """
 
 import signal
@@ -27,6 +27,7 @@ from ..errors import UsageError
 from ..training.steps import KEY as STEPS
 from ..training.steps import steps_in, training_steps
 from .durable import CheckpointWriteError, DurableCheckpointIO
+from .finished_epochs import keep_finished_epochs_finished
 from .stop_signals import STOP_SIGNALS
 from .validation import dump_checkpoint
 
@@ -114,6 +115,7 @@ class LastCheckpoint(Checkpoint):
             )
         if isinstance(checkpoint_io, DurableCheckpointIO):
             self._io = checkpoint_io
+        keep_finished_epochs_finished(trainer)  # (its epoch-end states resume exactly with max_steps set too)
         if not STOP_SIGNALS.installed:  # the CLI installs them at start-up; a plain Trainer gets them here
             STOP_SIGNALS.install()
             self._owns_signals = True
