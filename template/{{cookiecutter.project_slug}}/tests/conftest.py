@@ -132,14 +132,14 @@ class WarmProcess:
     from the engine's warm server (engine/warm_start.py), it skips the 5-10 s of imports a fresh interpreter pays, and
     is otherwise a process of its own, leading a session of its own."""
 
-    def __init__(self, args: list[str]) -> None:
+    def __init__(self, args: list[str], cwd: Path | None = None) -> None:
         if not _WARM:
             _WARM.append(WarmStart(env=subprocess_env()))
             atexit.register(_WARM[0].close)
         self.args, self.returncode = list(args), None
         self._output = Path(tempfile.mkdtemp(prefix="warm-"))
         out, err = self._output / "out", self._output / "err"
-        self.pid = _WARM[0].start(self.args, Path.cwd(), out, err, env=subprocess_env())  # the test's own env too
+        self.pid = _WARM[0].start(self.args, cwd or Path.cwd(), out, err, env=subprocess_env())  # the test's env too
 
     def poll(self) -> int | None:
         return self.wait(timeout=0, check=False)
@@ -150,9 +150,16 @@ class WarmProcess:
             raise subprocess.TimeoutExpired(self.args, timeout)
         return self.returncode
 
+    def send_signal(self, signum: int) -> None:
+        os.kill(self.pid, signum)
+
+    def output(self) -> tuple[str, str]:
+        """What it has written so far to its standard output and error."""
+        return tuple((self._output / name).read_text() for name in ("out", "err"))
+
     def communicate(self, timeout: float | None = None) -> tuple[str, str]:
         self.wait(timeout)
-        output = tuple((self._output / name).read_text() for name in ("out", "err"))
+        output = self.output()
         shutil.rmtree(self._output, ignore_errors=True)
         return output
 

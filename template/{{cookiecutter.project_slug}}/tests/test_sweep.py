@@ -3,15 +3,13 @@ processes on one study, the results, and one line for each mistake."""
 
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
-from conftest import PROJECT_ROOT, QUICK, STAND_IN, cli, cli_subprocess, started, subprocess_env
+from conftest import PROJECT_ROOT, QUICK, STAND_IN, WarmProcess, cli, cli_subprocess, started
 
 optuna = pytest.importorskip("optuna", reason='sweeps need the sweep extra: pip install -e ".[sweep]"')
 
@@ -25,15 +23,12 @@ def sweep_command(folder: Path, n_trials: int, *args: str) -> list[str]:
     return ["sweep", "-c", SWEEP_YAML, f"--sweep.dir={folder}", f"--sweep.n_trials={n_trials}", *TRIAL, *args]
 
 
-def start_sweep(folder: Path, n_trials: int, *args: str) -> subprocess.Popen:
-    return started(subprocess.Popen(
-        [sys.executable, "-m", "template_package", *sweep_command(folder, n_trials, *args)],
-        cwd=folder.parent, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        start_new_session=True,
-    ))  # fmt: skip
+def start_sweep(folder: Path, n_trials: int, *args: str) -> WarmProcess:
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    return started(WarmProcess(sweep_command(folder, n_trials, *args), cwd=folder.parent))
 
 
-def finish_sweep(process: subprocess.Popen) -> str:
+def finish_sweep(process: WarmProcess) -> str:
     out, err = process.communicate(timeout=600)
     assert process.returncode == 0, err[-3000:]
     return out

@@ -106,7 +106,7 @@ def trained_where(machines: list[Path], number: int) -> list[str]:
 
 
 @contextlib.contextmanager
-def stopped_at_the_end(processes: list[subprocess.Popen]):
+def stopped_at_the_end(processes: list):
     """SIGKILL what is left of the processes when the block ends: each leads a process group of its own, which its fit
     joins and outlives when it survives its sweep (that is a failure to see, not to leave running). A module's fixture
     ends its processes itself: conftest.py's function-scoped fixture would come after it."""
@@ -188,8 +188,9 @@ def test_a_machine_killed_mid_trial_is_taken_over_and_the_study_ends_as_if_it_ha
             time.sleep(0.02)
         number, fit_pid = killed
         os.kill(fit_pid, signal.SIGSTOP)  # a's trial frozen mid-way (a's sweep lives on): it cannot end on its own
-        while not (line := processes[1].stdout.readline()).startswith("waiting for trial(s) 0, running elsewhere"):
-            assert line, processes[1].communicate()[1][-3000:]  # b waits: trial 0 is a's, and a lives
+        while "\nwaiting for trial(s) 0, running elsewhere" not in "\n" + processes[1].output()[0]:
+            assert processes[1].poll() is None, processes[1].communicate()[1][-3000:]  # b waits: trial 0 is a's
+            time.sleep(0.02)
         os.kill(processes[0].pid, signal.SIGKILL)
         processes[0].wait()
         deadline = time.monotonic() + 30
