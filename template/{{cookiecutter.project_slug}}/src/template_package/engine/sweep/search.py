@@ -336,7 +336,7 @@ class Sweep:
             while (claimed := self._next_trial()) is not None:
                 trial, claim = claimed
                 if self.trials is None:  # started while this process has no thread of ours: it forks
-                    self.trials = WarmStart(dies_with_us=True)
+                    self.trials = WarmStart.forked_from_here()
                 try:
                     self._run(trial)
                 finally:
@@ -457,7 +457,7 @@ class Sweep:
         options = [f"--{option}={value}" for option, value in params.items()]
         command = ["fit", *self.fit_args, "-c", str(report_config), f"--trainer.default_root_dir={run_dir}",
                    "--ckpt_path=last", *folds, *options]  # fmt: skip
-        with self.ownership.beating(trial._trial_id):  # (from before the server's first answer: it may import yet)
+        with self.ownership.beating(trial._trial_id):  # (from before the server's first answer)
             self.fit = self.trials.start(command, Path.cwd(), run_dir / "fit.log")
             code = self.trials.returncode(self.fit)
         self.fit = None
