@@ -39,11 +39,28 @@ STAND_IN = ["--model=null", "--model=stand_in.StandInClassifier", "--data=null",
 TRAINER_SUBCOMMANDS = ("fit", "validate", "test", "predict")
 
 
+# The longest files, first: each file runs on one worker (--dist loadfile, so that a file's reference runs are made
+# once), and one of these started last kept a single worker busy for 1-2 min while the other had nothing left.
+LONGEST_FIRST = (
+    "test_sweep_postgres.py",
+    "test_scale_out.py",
+    "test_sharded.py",
+    "test_guarantee_kit.py",
+    "test_streaming.py",
+    "test_sweep.py",
+    "test_elastic.py",
+    "test_resume.py",
+    "test_slurm.py",
+)
+
+
 def pytest_collection_modifyitems(items) -> None:
-    """Tests in a folder of tests/ test the example task: marked `example`."""
+    """Tests in a folder of tests/ test the example task: marked `example`. The longest files run first."""
     for item in items:
         if Path(item.path).parent != TESTS:
             item.add_marker(pytest.mark.example)
+    order = {name: rank for rank, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: order.get(Path(item.path).name, len(order)))  # (stable: a file's order is kept)
 
 
 def with_task(args: tuple[str, ...] | list[str], task: list[str]) -> list[str]:
