@@ -75,5 +75,7 @@ def test_preset_project_passes_its_own_tests(baked, request):
     if preset == "char_lm":  # the other task (the engine's tests ran in the default preset): its own and the kit's
         select = ["-m", "example or guarantees"]
     result = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *select], cwd=project, timeout=2400)
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    failures = result.stdout.find("= FAILURES =")  # (the tail is the warnings' summary: the failure comes before it)
+    shown = result.stdout[failures : failures + 8000] if failures >= 0 else result.stdout[-4000:]
+    assert result.returncode == 0, shown + result.stdout[-1500:] + result.stderr[-2000:]
     assert re.search(r"\d+ passed", result.stdout)

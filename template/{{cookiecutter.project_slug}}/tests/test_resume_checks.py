@@ -55,7 +55,7 @@ def test_how_the_data_is_loaded_may_change(finished_run, capsys):
 def test_a_longer_run_keeps_its_schedule_and_says_so(finished_run, capsys):
     """max_epochs 2 -> 3: the added epoch trains at the schedule's final rate, not on a cosine stretched anew."""
     resume(finished_run, *ARGS, "--trainer.max_epochs=3")
-    assert "resuming with changed settings: trainer.max_epochs 2 -> 3; the LR schedule keeps its length" in (
+    assert "resuming with changed settings: trainer.max_epochs 2 -> 3; the LR schedule keeps its length (12 steps)" in (
         capsys.readouterr().out
     )
     lrs = dict(scalars(finished_run)["lr"])

@@ -86,8 +86,13 @@ def check_resume_changes(config, checkpoint: dict, ckpt_path: str, allowed: list
     if changed:
         shown = ", ".join(f"{option} {old!r} -> {value!r}" for option, (old, value) in changed.items())
         note = " (no longer an exact resume)" if math else ""
-        if {"trainer.max_epochs", "trainer.max_steps"} & changed.keys():
-            note += "; the LR schedule keeps its length: added steps train at its final rate"
+        lengths = [
+            schedule["total_steps"]
+            for schedule in checkpoint.get("lr_schedulers", [])
+            if isinstance(schedule, dict) and schedule.get("total_steps")
+        ]  # (WarmupCosineSchedule's)
+        if {"trainer.max_epochs", "trainer.max_steps"} & changed.keys() and lengths:
+            note += f"; the LR schedule keeps its length ({max(lengths)} steps): steps past it train at its final rate"
         print(f"resuming with changed settings: {shown}{note}")
     return list(changed)
 
