@@ -26,6 +26,7 @@ from ..data.loaders import ResumableLoaders
 from ..errors import MACHINE_FAULTS, is_a_users_mistake, one_line, original_error
 from ..report.predictions import PredictionsCSV
 from ..resume.changes import ChangedModelSettings, check_resume_changes, loading_options
+from ..resume.durable import fsync
 from ..resume.last_checkpoint import LastCheckpoint
 from ..resume.run_lock import RunLock, is_global_rank_zero
 from ..resume.stop_signals import STOP_SIGNALS
@@ -80,7 +81,10 @@ SEED = 42  # seed_everything's default: python, numpy, torch, CUDA and every loa
 
 class RunConfigCallback(SaveConfigCallback):
     """Saves the resolved config as DIR/config.yaml once training starts: validate/test/predict leave it alone, and
-    a fit that fails during set-up (a bad checkpoint, a warmup longer than the run) does not touch the run."""
+    a fit that fails during set-up (a bad checkpoint, a warmup longer than the run) does not touch the run. Written
+    atomically (a temporary file, fsynced, renamed over it): a resumed run rewrites it, and a run killed half-way
+    through that write left a config.yaml without `seed_everything`, which the next resume took for a changed seed
+    and refused."""
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         pass
@@ -89,7 +93,11 @@ class RunConfigCallback(SaveConfigCallback):
         if trainer.is_global_zero and not self.already_saved:  # in the run directory, whatever the loggers
             path = Path(trainer.default_root_dir) / self.config_filename
             path.parent.mkdir(parents=True, exist_ok=True)
-            self.parser.save(self.config, path, skip_none=False, overwrite=True, multifile=self.multifile)
+            written = path.with_name(path.name + ".tmp")
+            self.parser.save(self.config, written, skip_none=False, overwrite=True, multifile=self.multifile)
+            fsync(written)
+            os.replace(written, path)
+            fsync(path.parent)
         self.already_saved = True
 
 
