@@ -241,6 +241,7 @@ def test_progress_bar_redraws_by_time_and_shows_each_epochs_count(run_dir: Path,
         return display(self, *args, **kwargs)
 
     monkeypatch.setattr(Tqdm, "display", recording_display)
+    monkeypatch.setattr(Tqdm, "monitor_interval", 0)  # (tqdm's monitor thread redraws a bar idle for 10 s: under load)
     monkeypatch.setattr(TimedProgressBar.__init__, "__defaults__", (3600.0, False))  # refresh_seconds, leave
     cli("fit", f"--trainer.default_root_dir={run_dir}", "--trainer.max_epochs=3", "--trainer.limit_train_batches=6")
     assert [desc for desc, _, _ in drawn] == ["Epoch 0: ", "Epoch 1: ", "Epoch 2: ", "Epoch 2: "]  # validations, end

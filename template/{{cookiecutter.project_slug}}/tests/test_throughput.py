@@ -65,6 +65,7 @@ def test_data_wait_share_is_the_fetch_time_over_the_step_interval(tmp_path, dela
     # steps by ~1 ms, which put this reference off by up to 1.4% of a ~12 ms interval.)
     interval = (starts.times[-1] - starts.times[0]) / (len(starts.times) - 1)
     expected = sum(dataset.slept) / len(dataset.slept) / interval  # one fetch per step
-    assert share == pytest.approx(expected, abs=0.05)
+    if delay:  # (without one a fetch takes well under a millisecond: under load, the wait is the scheduler's)
+        assert share == pytest.approx(expected, abs=0.05)
     assert share > 0.6 if delay else share < 0.2  # (a loaded machine slows the fetch itself too)
     assert throughput.latest["perf/samples_per_sec"] == pytest.approx(64 / interval, rel=0.01)
