@@ -109,9 +109,12 @@ def pytest_sessionfinish(session, exitstatus) -> None:
 
 def subprocess_env(**extra: str) -> dict[str, str]:
     """This process's environment for a `python -m template_package` child: the project's src/ and tests/ (for the
-    tests' own callbacks and plugins) put before the caller's PYTHONPATH, which is kept."""
+    tests' own callbacks and plugins) put before the caller's PYTHONPATH, which is kept. Without pytest's name of
+    the current test, so that the guarantee kits of one test process, keyed by their environment, share a warm
+    server."""
     paths = [str(PROJECT_ROOT / "src"), str(TESTS), os.environ.get("PYTHONPATH", "")]
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p), **extra}
+    env = {name: value for name, value in os.environ.items() if name != "PYTEST_CURRENT_TEST"}
+    return {**env, "PYTHONPATH": os.pathsep.join(p for p in paths if p), **extra}
 
 
 # Processes a test started in a session of their own (see started()); whatever is left of them when the test ends,

@@ -249,32 +249,6 @@ def test_progress_bar_redraws_by_time_and_shows_each_epochs_count(run_dir: Path,
 
 
 @pytest.mark.slow
-def test_classes_in_the_working_directory_reach_every_rank(tmp_path: Path):
-    """A model and data module in the working directory alone (not on PYTHONPATH, not in the package): both DDP
-    ranks, started by Lightning's launcher, import them, as `python -m` puts the working directory on sys.path."""
-    import os
-    import shutil
-    import subprocess
-    import sys
-
-    from conftest import TESTS
-
-    shutil.copy(TESTS / "stand_in.py", tmp_path / "my_task.py")
-    env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT / "src")}  # the package, not tests/
-    run_dir = tmp_path / "run"
-    result = subprocess.run(
-        [sys.executable, "-m", "template_package", "fit", "--model=my_task.StandInClassifier",
-         "--data=my_task.StandInData", "--checkpoint.monitor=val/acc", "--checkpoint.mode=max",
-         f"--trainer.default_root_dir={run_dir}", *QUICK, "--trainer.strategy=ddp",
-         "--trainer.accelerator=cpu", "--trainer.devices=2"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
-    checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
-    assert checkpoint["hyper_parameters"]["_class_path"] == "my_task.StandInClassifier"
-    assert checkpoint["rng_states"]["torch"].shape[0] == 2  # both ranks trained
-
-
 def test_evaluating_a_runs_checkpoint_writes_into_that_run_at_its_step(run_dir: Path, tmp_path: Path):
     """Without --trainer.default_root_dir, validate and predict of DIR/checkpoints/X.ckpt log and write
     predictions.csv into DIR, not into the default run directory (the working directory's runs/default); validate's

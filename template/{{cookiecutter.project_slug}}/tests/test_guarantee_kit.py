@@ -119,7 +119,7 @@ needs_datasets = pytest.mark.skipif(
 
 
 def stream_kit(tmp_path, *task: str) -> GuaranteeKit:
-    env = subprocess_env(HF_HOME=str(tmp_path / "huggingface"))
+    env = subprocess_env(HF_HOME=str(tmp_path.parent / "huggingface"))  # one for the tests here: one warm server
     return GuaranteeKit(tmp_path / "kit", [*STREAM, f"--data.folder={tmp_path / 'json'}", *task], env=env)
 
 

@@ -142,8 +142,11 @@ class GuaranteeKit:
         self, folder: Path, task: list[str] = (), env: dict[str, str] | None = None, cwd: Path | None = None
     ) -> None:
         self.folder, self.task = Path(folder).resolve(), list(task)
+        self.cwd = Path(cwd or Path.cwd()).resolve()
         self.env = {"OMP_NUM_THREADS": "1", **(env or os.environ)}
-        self.cwd = Path(cwd or Path.cwd())
+        if self.env.get("PYTHONPATH"):  # its folders as a new interpreter in cwd reads them, wherever the server is
+            folders = self.env["PYTHONPATH"].split(os.pathsep)
+            self.env["PYTHONPATH"] = os.pathsep.join(str(self.cwd / folder) for folder in folders)  # ("": cwd)
         self._warm: WarmStart | None = None  # found at the first command
         self._reference: Path | None = None
         self._data_settings: list[str] | None = None
@@ -320,13 +323,13 @@ class GuaranteeKit:
         raise AssertionError(f"{what}: {'; '.join(found)}. Likely cause: {likely}{said}")
 
 
-_SERVERS: dict[tuple, WarmStart] = {}  # by environment and folder, ended when this process ends
+_SERVERS: dict[tuple, WarmStart] = {}  # by environment, ended when this process ends
 
 
 def warm_server(env: dict[str, str], cwd: Path) -> WarmStart:
-    """A warm server for the kit's runs, shared by the kits of this process with the same environment and folder
-    (its start imports the engine: 5-10 s)."""
-    key = (tuple(sorted(env.items())), str(cwd))
+    """A warm server for the kit's runs, shared by the kits of this process with the same environment (its start
+    imports the engine: 5-10 s); each run is started in its kit's folder."""
+    key = tuple(sorted(env.items()))
     if key not in _SERVERS or not _SERVERS[key].serving():
         _SERVERS[key] = WarmStart(env=env, cwd=cwd)
         atexit.register(_SERVERS[key].close)

@@ -7,15 +7,16 @@ imports the engine once and runs each command in a child forked from itself: a p
 ends like any other and whose state dies with it, and which starts where a fresh `python -m <package>` stands once its
 imports are done (the user's classes are imported by each child, as by a fresh process). The guarantee kit and
 `sweep` start their runs this way, and so do the engine's tests; `sweep`, which has imported the engine itself, forks
-its server from itself (`WarmStart.forked_from_here`). Only a process without threads may fork safely: the server
-starts none.
+its server from itself (`WarmStart.forked_from_here`). The other ranks of a DDP run started warm are forked from its
+rank 0 too (`ForkedRank`), where Lightning's launcher would start a new interpreter for each. Only a process without
+threads may fork safely: the server starts none.
 
 The protocol, one JSON object a line: the request `{"args": [...], "cwd": DIR, "out": FILE, "err": FILE, "env":
 {...}}` starts `python -m <package> ARGS` in DIR, its standard output and error appended to the files (which may be
 one), `env` added to its environment; the answers are `{"pid": N}` at once and `{"pid": N, "returncode": R}` when the
 child ends (a negative R: the signal that ended it). The child leads a session of its own, so `os.killpg(pid, ...)`
-reaches it, its loader workers and the other processes a DDP run starts (as `python -m <package> ARGS`). Depends on
-the engine's cli/main.py only.
+reaches it, its loader workers and the other ranks of a DDP run. Depends on the engine's cli/main.py and on
+Lightning's DDP launcher (lightning.pytorch.strategies.launchers.subprocess_script).
 """
 
 import contextlib
@@ -30,6 +31,7 @@ import sys
 import threading
 import time
 import traceback
+import types
 from pathlib import Path
 
 ENGINE = __package__
@@ -109,7 +111,30 @@ class WarmStart:
         return message
 
 
-class _ForkedServer:
+class _Forked:
+    """A child forked from this process (`pid`), waited for as a subprocess.Popen is."""
+
+    pid: int
+    args: object
+    returncode: int | None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            done, status = os.waitpid(self.pid, os.WNOHANG)
+            if done:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            time.sleep(0.01)
+        return self.returncode
+
+
+class _ForkedServer(_Forked):
     """`serve()` in a child forked from this process, handled as the subprocess.Popen of a server is."""
 
     def __init__(self) -> None:
@@ -136,22 +161,7 @@ class _ForkedServer:
         os.close(answers)
         self.stdin = os.fdopen(self._requests, "wb")
         self.stdout = os.fdopen(self._answers, "rb", buffering=0)
-        self.returncode: int | None = None
-
-    def poll(self) -> int | None:
-        if self.returncode is None:
-            done, status = os.waitpid(self.pid, os.WNOHANG)
-            if done:
-                self.returncode = os.waitstatus_to_exitcode(status)
-        return self.returncode
-
-    def wait(self, timeout: float | None = None) -> int:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self.poll() is None:
-            if deadline is not None and time.monotonic() > deadline:
-                raise subprocess.TimeoutExpired(f"warm-start server {self.pid}", timeout)
-            time.sleep(0.01)
-        return self.returncode
+        self.args, self.returncode = f"warm-start server {self.pid}", None
 
 
 def run_child(request: dict) -> None:
@@ -161,6 +171,8 @@ def run_child(request: dict) -> None:
         if request.get("dies_with_server") and (die := dies_with_parent(parent=request["server"])):
             die()
         os.setsid()
+        if sys.path and sys.path[0] == os.getcwd():  # `python -m` put the server's folder first on sys.path:
+            sys.path[0] = os.path.abspath(request["cwd"])  # the child's, as for a new `python -m` there
         os.chdir(request["cwd"])
         opened = [os.open(os.devnull, os.O_RDONLY)]
         opened += [os.open(request[name], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644) for name in ("out", "err")]
@@ -177,21 +189,97 @@ def run_child(request: dict) -> None:
         package = ENGINE.rpartition(".")[0]
         main_spec = package and importlib.util.find_spec(f"{package}.__main__")
         sys.modules["__main__"].__spec__ = main_spec or importlib.util.find_spec(f"{ENGINE}.__main__")
-        from .cli.main import main
-
-        try:
-            main()  # its arguments are sys.argv's, as a fresh process's are
-            code = 0
-        except SystemExit as stop:
-            code = stop.code if isinstance(stop.code, int) else 0 if stop.code is None else 1
-            if not isinstance(stop.code, int | None):
-                print(stop.code, file=sys.stderr)
+        start_other_ranks_forked()
+        code = run_main()
     except BaseException:  # noqa: BLE001 - the child reports a failure as a process of its own would
         traceback.print_exc()
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
+
+
+def run_main() -> int:
+    """`main()` on sys.argv, as `python -m <package>` runs it; its exit status."""
+    from .cli.main import main
+
+    try:
+        main()
+        return 0
+    except SystemExit as stop:
+        if not isinstance(stop.code, int | None):
+            print(stop.code, file=sys.stderr)
+        return stop.code if isinstance(stop.code, int) else 0 if stop.code is None else 1
+
+
+def start_other_ranks_forked() -> None:
+    """Have Lightning's DDP launcher fork the other ranks of this run from this process, whose imports are done,
+    instead of starting each as a new `python -m <package> ARGS` (5-10 s of imports each): a sweep's DDP trials, the
+    kit's and the tests' DDP runs. Where a fork is not safe it starts them as Lightning does (see ForkedRank)."""
+    from lightning.pytorch.strategies.launchers import subprocess_script
+
+    launcher_subprocess = types.SimpleNamespace(**{**vars(subprocess), "Popen": _rank_process})
+    subprocess_script.subprocess = launcher_subprocess  # (the module Lightning's launcher calls Popen from)
+
+
+def _rank_process(command: list[str], env: dict | None = None, cwd: str | None = None, **kwargs):
+    own_command = [sys.executable, "-m", sys.modules["__main__"].__spec__.name, *sys.argv[1:]]
+    if list(command) == own_command and env is not None and ForkedRank.safe_to_fork() and not kwargs:
+        return ForkedRank(command, env, cwd)
+    return subprocess.Popen(command, env=env, cwd=cwd, **kwargs)
+
+
+class ForkedRank(_Forked):
+    """A DDP rank forked from rank 0 when Lightning's launcher starts it, used as its subprocess.Popen: it runs
+    `main()` from the start with the launcher's environment, as the new interpreter would, in rank 0's process group
+    (a kill of the group ends it, as it ends a launched one), with Lightning's rank-zero switch set from that
+    environment as an import sets it. Only safe while rank 0 has no thread but its main one and has not initialized
+    CUDA (checked at the launch, which comes before both). Unlike a new interpreter, it does not import again the
+    modules rank 0 has imported (the user's included), and it keeps rank 0's open files (the run lock excepted: a
+    fork drops it, resume/run_lock.py)."""
+
+    def __init__(self, command: list[str], env: dict[str, str], cwd: str | None) -> None:
+        self.args, self.returncode = command, None
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self.pid = os.fork()
+        if self.pid == 0:
+            code = 1
+            try:
+                for signum in (signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP):
+                    signal.signal(signum, signal.SIG_DFL)  # rank 0's handlers are its own
+                signal.signal(signal.SIGINT, signal.default_int_handler)
+                os.environ.clear()
+                os.environ.update(env)
+                if cwd:
+                    os.chdir(cwd)
+                from lightning.fabric.utilities.rank_zero import _get_rank, rank_zero_only
+
+                rank_zero_only.rank = _get_rank() or 0  # (what importing Lightning with this environment sets)
+                sys.argv = [sys.argv[0], *command[3:]]
+                code = run_main()
+            except BaseException:  # noqa: BLE001
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+
+    @staticmethod
+    def safe_to_fork() -> bool:
+        import torch
+
+        return threading.active_count() == 1 and not torch.cuda.is_initialized()
+
+    def send_signal(self, signum: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, signum)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
 
 
 def dies_with_parent(parent: int | None = None):

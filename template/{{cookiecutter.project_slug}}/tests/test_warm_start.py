@@ -1,0 +1,67 @@
+"""A command started warm (engine/warm_start.py: the guarantee kit's runs, a sweep's trials, these tests' runs) is
+the command a new `python -m template_package` runs: the same imports from its working directory, the same ranks, the
+same bits. Its other DDP ranks are forked from it instead of starting a new interpreter each (5-10 s of imports)."""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import PROJECT_ROOT, QUICK, TESTS, WarmProcess, started
+
+pytestmark = pytest.mark.slow
+
+# What each rank of a run was started as: a forked process keeps the command line of the warm server it comes from.
+RANK_REPORT = """
+
+import pathlib
+
+from lightning.pytorch import Callback
+from lightning.pytorch.utilities import rank_zero_info
+
+
+class ReportRank(Callback):
+    def __init__(self):
+        rank_zero_info("ReportRank built")  # before the Trainer exists: a rank-zero line of the process's own start
+
+    def setup(self, trainer, pl_module, stage):
+        warm = b"warm_start" in pathlib.Path("/proc/self/cmdline").read_bytes()
+        (pathlib.Path(trainer.default_root_dir) / f"rank{trainer.global_rank}").write_text(f"warm={warm}")
+"""
+
+
+def test_classes_in_the_working_directory_reach_every_rank_started_fresh_or_warm(tmp_path: Path, monkeypatch):
+    """A model and data module in the working directory alone (not on PYTHONPATH, not in the package): both DDP ranks
+    import them, as `python -m` puts the working directory on sys.path, whether the run is a new interpreter whose
+    rank 1 Lightning's launcher starts, or started warm, from a server in another folder, with rank 1 forked. Both
+    train the same bits and say each rank-zero line once."""
+    shutil.copy(TESTS / "stand_in.py", tmp_path / "my_task.py")
+    with (tmp_path / "my_task.py").open("a") as task:
+        task.write(RANK_REPORT)
+    args = ["fit", "--model=my_task.StandInClassifier", "--data=my_task.StandInData", "--checkpoint.monitor=val/acc",
+            "--checkpoint.mode=max", "--trainer.callbacks+=my_task.ReportRank", *QUICK, "--trainer.strategy=ddp",
+            "--trainer.accelerator=cpu", "--trainer.devices=2"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT / "src")}  # the package, not tests/
+    fresh = subprocess.run(
+        [sys.executable, "-m", "template_package", *args, f"--trainer.default_root_dir={tmp_path / 'fresh'}"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert fresh.returncode == 0, fresh.stderr[-3000:]
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")  # where this test process's warm server starts, if it has none yet
+    warm = started(WarmProcess([*args, f"--trainer.default_root_dir={tmp_path / 'warm'}"], cwd=tmp_path))
+    warm_out, warm_err = warm.communicate(timeout=300)
+    assert warm.returncode == 0, warm_err[-3000:]
+
+    assert [(tmp_path / "fresh" / f"rank{rank}").read_text() for rank in (0, 1)] == ["warm=False", "warm=False"]
+    assert [(tmp_path / "warm" / f"rank{rank}").read_text() for rank in (0, 1)] == ["warm=True", "warm=True"]
+    weights = [torch.load(tmp_path / run / "checkpoints" / "last.ckpt", weights_only=True) for run in ("fresh", "warm")]
+    assert weights[0]["hyper_parameters"]["_class_path"] == "my_task.StandInClassifier"
+    assert weights[0]["rng_states"]["torch"].shape[0] == 2  # both ranks trained
+    for name, tensor in weights[0]["state_dict"].items():
+        assert torch.equal(tensor, weights[1]["state_dict"][name]), name
+    for said in ("ReportRank built", "GPU available:", "Trainer.fit` stopped", "continue it with --ckpt_path last"):
+        assert (fresh.stdout + fresh.stderr).count(said) == (warm_out + warm_err).count(said) == 1, said
