@@ -11,7 +11,6 @@ import os
 # test's training processes each took all the CPUs, so that the suite ran slower in parallel than in series.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-import atexit
 import contextlib
 import shutil
 import signal
@@ -25,6 +24,7 @@ import pytest
 import yaml
 
 from template_package.engine.cli.main import main
+from template_package.engine.guarantees import warm_server
 from template_package.engine.warm_start import WarmStart
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -144,7 +144,7 @@ def cli(*args: str, task: list[str] = STAND_IN):
     return main(with_task(args, task))
 
 
-_WARM: list[WarmStart] = []  # this test process's warm server, started at its first child
+_WARM: list[WarmStart] = []  # this test process's warm server, started at its first child (the kits' too)
 
 
 class WarmProcess:
@@ -154,8 +154,7 @@ class WarmProcess:
 
     def __init__(self, args: list[str], cwd: Path | None = None) -> None:
         if not _WARM:
-            _WARM.append(WarmStart(env=subprocess_env()))
-            atexit.register(_WARM[0].close)
+            _WARM.append(warm_server(subprocess_env(), Path.cwd()))
         self.args, self.returncode = list(args), None
         self._output = Path(tempfile.mkdtemp(prefix="warm-"))
         out, err = self._output / "out", self._output / "err"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from conftest import PROJECT_ROOT, extra_config, subprocess_env
-from test_resume import BASE, assert_same_run, freeze_config, wait_until_frozen
+from test_resume import BASE, DDP, assert_same_run, freeze_config, reference_run, wait_until_frozen
 
 pytestmark = pytest.mark.slow
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
@@ -80,15 +80,14 @@ def agent_logs(run_dir: Path, tail: int = 3000) -> str:
 
 @pytest.fixture(scope="module")
 def two_node_reference(tmp_path_factory) -> Path:
-    """The uninterrupted 2-node job, c10d rendezvous."""
-    run_dir = tmp_path_factory.mktemp("two_nodes") / "reference"
-    assert wait_all(start_two_nodes(run_dir, rendezvous="c10d")) == [0, 0], agent_logs(run_dir)
-    return run_dir
+    """The same run never stopped, on 2 processes that Lightning's launcher starts on this machine: the 2 nodes'
+    workers train the same bits."""
+    return reference_run(tmp_path_factory, DDP)
 
 
 def test_two_node_job_killed_and_resumed_ends_like_the_uninterrupted_job(tmp_path, two_node_reference):
     """Static rendezvous (--node-rank): frozen at step 12, both agents and workers SIGKILLed, restarted with
-    --ckpt_path last: bit-identical to the c10d job that never stopped (the same 2 ranks)."""
+    --ckpt_path last: bit-identical to the run that never stopped (the same 2 ranks)."""
     run_dir = tmp_path / "run"
     agents = start_two_nodes(run_dir, "-c", freeze_config(tmp_path, hook="on_train_batch_end", step=12),
                              rendezvous="static")  # fmt: skip

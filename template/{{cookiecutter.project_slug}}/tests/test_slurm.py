@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from conftest import PROJECT_ROOT, extra_config, subprocess_env
-from test_resume import BASE, assert_same_run, freeze_config
+from test_resume import BASE, DDP, assert_same_run, freeze_config, reference_run
 
 pytestmark = [
     pytest.mark.slow,
@@ -136,13 +136,10 @@ def wait_for_job(slurm: dict[str, str], job_id: str, states: set[str], timeout: 
 
 
 @pytest.fixture(scope="module")
-def uninterrupted_job(slurm, tmp_path_factory) -> Path:
-    run_dir = tmp_path_factory.mktemp("uninterrupted") / "run"
-    started = time.monotonic()
-    fields = wait_for_job(slurm, submit(slurm, run_dir), {"COMPLETED", "FAILED", "CANCELLED"})
-    assert fields["JobState"] == "COMPLETED", Path(f"{run_dir}.log").read_text()[-3000:]
-    print(f"uninterrupted 2-task job: submitted to completed in {time.monotonic() - started:.1f} s")
-    return run_dir
+def uninterrupted_job(tmp_path_factory) -> Path:
+    """The same run never preempted, on 2 processes that Lightning's launcher starts on this machine: the job's 2
+    SLURM tasks train the same bits."""
+    return reference_run(tmp_path_factory, DDP)
 
 
 def test_a_preempted_job_is_requeued_and_ends_like_the_job_that_was_not(slurm, uninterrupted_job, tmp_path):

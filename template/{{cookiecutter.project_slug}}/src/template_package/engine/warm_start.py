@@ -302,6 +302,11 @@ def serve() -> None:
     """Read requests from stdin, fork a child for each, answer with its pid and, later, its exit status."""
     from .cli.main import main  # noqa: F401 - imported once here, for every child
 
+    with contextlib.suppress(ImportError):  # what a fit imports on its way: the default logger's writer (TensorBoard)
+        import torch.utils.tensorboard  # noqa: F401 - and the report room's callbacks (0.2-0.4 s a child)
+
+        from .report import confusion, flops, progress, throughput  # noqa: F401
+
     with contextlib.suppress(ImportError):  # jsonargparse's stub search path, found by starting another Python
         from jsonargparse._stubs_resolver import get_stubs_resolver  # (0.1-6 s a child, as it imports): found once
 
