@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 from conftest import cli, extra_config
-from test_resume import assert_same_run, reference_run, run_killed_and_resumed
+from test_resume import DDP, assert_same_run, reference_run, run_killed_and_resumed
 
 LOGGERS = "template_package.engine.report.loggers"
 
@@ -48,6 +48,21 @@ def test_a_killed_and_resumed_run_logs_each_step_once_to_mlflow_and_csv(tmp_path
         assert len(expected) >= 3 and len({step for step, _ in expected}) == len(expected)
         assert mlflow_series(uri, run_dir, key) == expected, key  # one MLflow run, each step once, same values
         assert csv_series(run_dir, key) == csv_series(reference, key) == expected, key
+
+
+@pytest.mark.slow
+def test_a_killed_and_resumed_ddp_run_logs_each_step_once_to_csv(tmp_path, tmp_path_factory):
+    """On 2 processes: only rank 0 writes metrics.csv. (Every rank rewrote it as its resumed run started, and the
+    file lost every row before the checkpoint, or the run crashed reading a row the other rank was writing.)"""
+    args = [*DDP, "-c", str(Path(__file__).resolve().parents[1] / "configs" / "csv.yaml")]
+    reference = reference_run(tmp_path_factory, args)
+    run_dir = tmp_path / "run"
+    run_killed_and_resumed(tmp_path, run_dir, args, hook="on_train_batch_end", step=12)  # last.ckpt holds step 10
+    assert_same_run(reference, run_dir)
+    for key in ("train/loss", "val/acc", "lr"):
+        expected = csv_series(reference, key)
+        assert len(expected) >= 3 and len({step for step, _ in expected}) == len(expected)
+        assert csv_series(run_dir, key) == expected, key
 
 
 def test_a_missing_tracking_extra_costs_one_line(run_dir, monkeypatch):

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from lightning.pytorch.loggers import CSVLogger, MLFlowLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
+from lightning.pytorch.loggers.logger import rank_zero_experiment
 
 
 class _PurgingWriter(ExperimentWriter):
@@ -61,6 +62,7 @@ class RunCSVLogger(CSVLogger):
         self.purge_step = purge_step
 
     @property
+    @rank_zero_experiment  # (as Lightning's own: the other ranks get a stand-in, and never touch metrics.csv)
     def experiment(self) -> ExperimentWriter:
         if self._experiment is None:
             self._fs.makedirs(self.root_dir, exist_ok=True)
