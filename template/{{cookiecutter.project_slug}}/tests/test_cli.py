@@ -225,14 +225,17 @@ def test_every_preset_parses(preset: str, capsys):
     assert "trainer:" in capsys.readouterr().out
 
 
-def test_progress_bar_redraws_by_time_and_shows_each_epochs_count(run_dir: Path, monkeypatch):
+def test_progress_bar_redraws_by_time_and_shows_each_epochs_count(run_dir: Path, tmp_path: Path, monkeypatch):
     """TimedProgressBar with a 1-hour period: 3 quick epochs draw the training bar only after each validation and
     at the end (Lightning's bar: ~4 draws an epoch, plus one every 10 batches), each time with the count of the
-    batches trained, not the count it had when last drawn."""
+    batches trained, not the count it had when last drawn. (The period is given as an option: a default patched in
+    the signature did not reach a bar built from a parser cached by an earlier test, whose 1-s period redrew a slow
+    epoch under load.)"""
     from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
 
-    from template_package.engine.report.progress import TimedProgressBar
-
+    bar = {"class_path": "template_package.engine.report.progress.TimedProgressBar",
+           "init_args": {"refresh_seconds": 3600.0, "leave": False}}  # fmt: skip
+    (tmp_path / "bar.yaml").write_text(yaml.safe_dump({"trainer": {"callbacks": [bar]}}))
     drawn, display = [], Tqdm.display
 
     def recording_display(self, *args, **kwargs):
@@ -242,8 +245,8 @@ def test_progress_bar_redraws_by_time_and_shows_each_epochs_count(run_dir: Path,
 
     monkeypatch.setattr(Tqdm, "display", recording_display)
     monkeypatch.setattr(Tqdm, "monitor_interval", 0)  # (tqdm's monitor thread redraws a bar idle for 10 s: under load)
-    monkeypatch.setattr(TimedProgressBar.__init__, "__defaults__", (3600.0, False))  # refresh_seconds, leave
-    cli("fit", f"--trainer.default_root_dir={run_dir}", "--trainer.max_epochs=3", "--trainer.limit_train_batches=6")
+    cli("fit", f"--trainer.default_root_dir={run_dir}", "--trainer.max_epochs=3", "--trainer.limit_train_batches=6",
+        "-c", str(tmp_path / "bar.yaml"))  # fmt: skip
     assert [desc for desc, _, _ in drawn] == ["Epoch 0: ", "Epoch 1: ", "Epoch 2: ", "Epoch 2: "]  # validations, end
     assert all(n == total == 6 for _, n, total in drawn), drawn
 
