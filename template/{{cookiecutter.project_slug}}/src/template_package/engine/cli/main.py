@@ -26,7 +26,7 @@ from ..data.loaders import ResumableLoaders
 from ..errors import MACHINE_FAULTS, is_a_users_mistake, one_line, original_error
 from ..report.predictions import PredictionsCSV
 from ..resume.changes import ChangedModelSettings, check_resume_changes, loading_options
-from ..resume.durable import fsync
+from ..resume.durable import replace_durably
 from ..resume.last_checkpoint import LastCheckpoint
 from ..resume.run_lock import RunLock, is_global_rank_zero
 from ..resume.stop_signals import STOP_SIGNALS
@@ -95,9 +95,7 @@ class RunConfigCallback(SaveConfigCallback):
             path.parent.mkdir(parents=True, exist_ok=True)
             written = path.with_name(path.name + ".tmp")
             self.parser.save(self.config, written, skip_none=False, overwrite=True, multifile=self.multifile)
-            fsync(written)
-            os.replace(written, path)
-            fsync(path.parent)
+            replace_durably(written, path)
         self.already_saved = True
 
 

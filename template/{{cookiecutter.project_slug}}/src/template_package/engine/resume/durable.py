@@ -46,6 +46,16 @@ def fsync(path: Path) -> None:
         os.close(fd)
 
 
+def replace_durably(written: Path, path: Path) -> None:
+    """Put `written`, a file written whole (or a link), in `path`'s place, so that a crash or a kill at any moment
+    leaves the old one or the new one, whole: its bytes reach the disk before the rename, the rename before this
+    returns."""
+    if not written.is_symlink():
+        fsync(written)
+    os.replace(written, path)
+    fsync(path.parent)
+
+
 class _KeepsWriteErrors:
     """The file as torch.save sees it: torch turns a failed write into `RuntimeError: unexpected pos`, losing the
     errno, so the OSError is kept here."""
@@ -92,9 +102,7 @@ class DurableCheckpointIO(TorchCheckpointIO):
                 except RuntimeError as error:  # torch.save's wrapping of a failed write
                     raise (writer.error or error) from None
                 file.flush()
-                os.fsync(file.fileno())
-            os.replace(tmp, path)
-            fsync(path.parent)  # the rename itself survives a power cut
+            replace_durably(tmp, path)
         except BaseException as error:
             with contextlib.suppress(OSError):
                 tmp.unlink(missing_ok=True)

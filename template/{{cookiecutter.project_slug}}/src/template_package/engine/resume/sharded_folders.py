@@ -39,7 +39,7 @@ from torch.distributed.checkpoint import StorageWriter
 from torch.distributed.checkpoint.api import CheckpointException
 
 from ..training.steps import steps_in
-from .durable import CheckpointWriteError, DurableCheckpointIO, fsync
+from .durable import CheckpointWriteError, DurableCheckpointIO, fsync, replace_durably
 from .whole_checkpoint import META
 
 VERSION = re.compile(r"^\.(?P<name>.+)\.\d+-[0-9a-f]{8}$")  # .last.ckpt.120-3f9a0c1e
@@ -116,8 +116,7 @@ def _swap_in(folder: Path, path: Path, rest: dict) -> None:
         # moved aside first (and removed once unreferenced). Only the first save of such a run has this instant
         # without a target.
         path.rename(path.with_name(f".{path.name}.0-{secrets.token_hex(4)}"))
-    os.replace(link, path)
-    fsync(path.parent)
+    replace_durably(link, path)
 
 
 def remove(path: Path) -> None:
