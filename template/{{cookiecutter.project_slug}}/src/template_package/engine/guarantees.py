@@ -328,7 +328,7 @@ _SERVERS: dict[tuple, WarmStart] = {}  # by environment, ended when this process
 
 def warm_server(env: dict[str, str], cwd: Path) -> WarmStart:
     """A warm server for the kit's runs, shared by the kits of this process with the same environment (its start
-    imports the engine: 5-10 s); each run is started in its kit's folder."""
+    imports the engine once for all of them); each run is started in its kit's folder."""
     key = tuple(sorted(env.items()))
     if key not in _SERVERS or not _SERVERS[key].serving():
         _SERVERS[key] = WarmStart(env=env, cwd=cwd)

@@ -1,15 +1,14 @@
 """Commands started from an interpreter that has imported the engine already.
 
 A new `python -m <package> fit` spends most of a short run importing: torch, Lightning, and through Lightning's own
-version checks torchmetrics, torchvision and scipy (5-11 s measured on 2 CPU cores, against about a second of
-training for the guarantee kit's runs). `WarmStart` starts a server, `python -m <package>.engine.warm_start`, that
-imports the engine once and runs each command in a child forked from itself: a process of its own, which a SIGKILL
-ends like any other and whose state dies with it, and which starts where a fresh `python -m <package>` stands once its
-imports are done (the user's classes are imported by each child, as by a fresh process). The guarantee kit and
-`sweep` start their runs this way, and so do the engine's tests; `sweep`, which has imported the engine itself, forks
-its server from itself (`WarmStart.forked_from_here`). The other ranks of a DDP run started warm are forked from its
-rank 0 too (`ForkedRank`), where Lightning's launcher would start a new interpreter for each. Only a process without
-threads may fork safely: the server starts none.
+version checks torchmetrics, torchvision and scipy (longer than the guarantee kit's short runs train). `WarmStart`
+starts a server, `python -m <package>.engine.warm_start`, that imports the engine once and runs each command in a child
+forked from itself: a process of its own, which a SIGKILL ends like any other and whose state dies with it, and which
+starts where a fresh `python -m <package>` stands once its imports are done (the user's classes are imported by each
+child, as by a fresh process). The guarantee kit and `sweep` start their runs this way, and so do the engine's tests;
+`sweep`, which has imported the engine itself, forks its server from itself (`WarmStart.forked_from_here`). The other
+ranks of a DDP run started warm are forked from its rank 0 too (`ForkedRank`), where Lightning's launcher would start a
+new interpreter for each. Only a process without threads may fork safely: the server starts none.
 
 The protocol, one JSON object a line: the request `{"args": [...], "cwd": DIR, "out": FILE, "err": FILE, "env":
 {...}}` starts `python -m <package> ARGS` in DIR, its standard output and error appended to the files (which may be
@@ -54,7 +53,7 @@ class WarmStart:
     @classmethod
     def forked_from_here(cls) -> "WarmStart":
         """A server forked from this process, which has imported the engine already (`sweep` does): no second
-        interpreter to start and import (7-11 s measured). The server dies with this process (Linux), keeps none of
+        interpreter to start and import. The server dies with this process (Linux), keeps none of
         its open files (a database connection, a lock) and none of its signal handlers. Only a process with no other
         thread may fork safely (a fork copies only the calling thread, with whatever locks the others held): with
         one, or where there is no fork, the server is a new interpreter."""
@@ -214,7 +213,7 @@ def run_main() -> int:
 
 def start_other_ranks_forked() -> None:
     """Have Lightning's DDP launcher fork the other ranks of this run from this process, whose imports are done,
-    instead of starting each as a new `python -m <package> ARGS` (5-10 s of imports each): a sweep's DDP trials, the
+    instead of starting each as a new `python -m <package> ARGS` (all of its imports again): a sweep's DDP trials, the
     kit's and the tests' DDP runs. Where a fork is not safe it starts them as Lightning does (see ForkedRank)."""
     from lightning.pytorch.strategies.launchers import subprocess_script
 
@@ -303,12 +302,12 @@ def serve() -> None:
     from .cli.main import main  # noqa: F401 - imported once here, for every child
 
     with contextlib.suppress(ImportError):  # what a fit imports on its way: the default logger's writer (TensorBoard)
-        import torch.utils.tensorboard  # noqa: F401 - and the report room's callbacks (0.2-0.4 s a child)
+        import torch.utils.tensorboard  # noqa: F401 - and the report room's callbacks
 
         from .report import confusion, flops, progress, throughput  # noqa: F401
 
     with contextlib.suppress(ImportError):  # jsonargparse's stub search path, found by starting another Python
-        from jsonargparse._stubs_resolver import get_stubs_resolver  # (0.1-6 s a child, as it imports): found once
+        from jsonargparse._stubs_resolver import get_stubs_resolver  # (slow: it imports): found once
 
         get_stubs_resolver()
 

@@ -24,6 +24,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveCon
 
 from ..data.loaders import ResumableLoaders
 from ..errors import MACHINE_FAULTS, is_a_users_mistake, one_line, original_error
+from ..internals import set_batches_that_stepped
 from ..report.predictions import PredictionsCSV
 from ..resume.changes import ChangedModelSettings, check_resume_changes, loading_options
 from ..resume.durable import replace_durably
@@ -262,7 +263,7 @@ class ProjectCLI(LightningCLI):
         if self.checkpoint is not None:
             # Its metrics go beside the run's own, at the step the checkpoint was taken (training/steps.py's x-axis;
             # Lightning would log them at step 0, among the run's first steps).
-            self.trainer.fit_loop.epoch_loop._batches_that_stepped = max(steps_in(self.checkpoint) - 1, 0)
+            set_batches_that_stepped(self.trainer, max(steps_in(self.checkpoint) - 1, 0))
 
     before_validate = before_test = before_predict = _before_evaluation
 
@@ -373,7 +374,7 @@ def build_cli(args: list[str] | None, run_subcommand: bool = True) -> ProjectCLI
     # allow_abbrev off: argparse would take a mistyped --trainer.max_epoch for --trainer.max_epochs, silently.
     defaults = {"default_config_files": [str(DEFAULT_CONFIG)] if DEFAULT_CONFIG else [], "exit_on_error": False,
                 "allow_abbrev": False}  # fmt: skip
-    # The project's description (looked up among the installed distributions: 0.2-0.7 s) only when help is shown.
+    # The project's description (a search of the installed distributions) only when help is shown.
     shows_help = {"-h", "--help"} & set(sys.argv[1:] if args is None else args)
     description = project_description(__package__) if shows_help else None
     top = {"prog": program(), "description": description, "exit_on_error": False, "allow_abbrev": False}

@@ -7,7 +7,7 @@ workers, collate function and pinning, whose order is an `EpochShuffleSampler` (
 position Lightning saves in every checkpoint, and whose samples are read through `SeededSamples` (random draws per
 (seed, epoch, index)). Plain torch's loader saves no position; torchdata's RandomSampler is inexact when a run resumes
 at an epoch boundary. A TensorDataset is gathered a batch at a time (one index operation instead of a `__getitem__`
-and a stack per sample: ~1 ms, 6% of a digits step on 2 CPU cores).
+and a stack per sample).
 
 With drop_last, an epoch is whole global batches (the samples of one optimizer step on every process), and a run
 may go on on another number of processes (training/batch_layout.py). Validation loaders without a generator get one
@@ -25,8 +25,15 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.model_helpers import is_overridden
-from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, SequentialSampler, TensorDataset
-from torch.utils.data._utils.collate import default_collate
+from torch.utils.data import (
+    BatchSampler,
+    DataLoader,
+    IterableDataset,
+    RandomSampler,
+    SequentialSampler,
+    TensorDataset,
+    default_collate,
+)
 from torchdata.stateful_dataloader import StatefulDataLoader
 from torchdata.stateful_dataloader import sampler as torchdata_samplers
 
@@ -134,7 +141,7 @@ class ResumableLoaders(Callback):
     validation loader without a generator one of its own. (A loader draws its workers' seed when its iterator is
     made: from the global generator, without one. With persistent workers a run that never stopped draws it in the
     sanity check, which Lightning isolates, and a resumed run, which skips the sanity check, at its first validation:
-    its random draws then differed from there on, measured with 2 workers.) Added by the engine's Trainer to every
+    its random draws then differed from there on.) Added by the engine's Trainer to every
     run; it wraps the loader methods of the DataModule, or else of the module.
 
     A train loader with drop_last reads epochs of whole global batches (training/batch_layout.py), and each checkpoint

@@ -2,10 +2,9 @@
 in the first run only, so whatever it does to the process would make the first run differ from every later one.
 
 `litdata.optimize`, for one, seeds Python's, NumPy's and torch's global generators with 42 and switches the
-multiprocessing start method to spawn. Measured (tests/test_streaming.py's task): the first run's loss at step 0 was
-1.1798, a later run's 1.1817 (the same batches, other dropout masks), and with spawn each epoch's 2 loader workers took
-~7 s to start instead of milliseconds. The engine's Trainer runs `prepare_data` inside `keeping_global_state`.
-Depends on torch and numpy.
+multiprocessing start method to spawn: the first run would draw other dropout masks than a later one, and its loader
+workers would start slowly (tests/test_streaming.py). The engine's Trainer runs `prepare_data` inside
+`keeping_global_state`. Depends on torch and numpy.
 """
 
 import functools

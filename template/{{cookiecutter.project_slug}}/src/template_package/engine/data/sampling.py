@@ -32,10 +32,9 @@ class EpochShuffleSampler(DistributedSampler):
     Lightning calls `set_epoch` at every epoch start, after a resume too, so a run resumed at an epoch boundary
     shuffles like the run that never stopped; mid-epoch, StatefulDataLoader fast-forwards through the same
     permutation. torchdata's RandomSampler keeps a generator whose state at an epoch boundary is not restored: a run
-    resumed there trained on a different order (measured in tests/test_resume.py). Being a DistributedSampler, it is
+    resumed there trained on a different order (tests/test_resume.py). Being a DistributedSampler, it is
     used as is under DDP: Lightning would wrap any other sampler in its DistributedSamplerWrapper, which passes
-    `set_epoch` to itself only, so every epoch replayed the first epoch's order (found by a 2-node run resumed at an
-    epoch boundary, tests/test_scale_out.py).
+    `set_epoch` to itself only, so every epoch would replay the first epoch's order (tests/test_scale_out.py).
 
     With `batch_size`, it yields whole batches of indices (the last partial one dropped with `drop_last`) for a
     loader with `batch_size=None`: a TensorDataset then gathers a batch with one index operation per tensor. With
@@ -132,8 +131,8 @@ class SeededSamples(Dataset):
     or one resumed anywhere. A worker process draws from them for nothing else. In the main process (num_workers 0)
     all three are restored after each batch (`__getitems__`, which torch's loader calls with a batch's keys), so the
     model's own draws (dropout, `np.random` in a step) and the generator states a checkpoint saves are those of a run
-    with workers. Restoring per batch, not per sample: NumPy's state costs ~70 us to save and restore, four times the
-    seeding itself. Costs, measured: ~7 us a sample, and in the main process ~95 us a batch.
+    with workers. Restoring per batch, not per sample: saving and restoring NumPy's state costs more than the seeding
+    itself (benchmarks/feature_costs.py prints the costs).
     """
 
     def __init__(self, dataset: Dataset, seed: int) -> None:

@@ -9,9 +9,8 @@ from lightning.pytorch.callbacks.progress.tqdm_progress import convert_inf
 
 class TimedProgressBar(TQDMProgressBar):
     """Lightning's TQDM progress bar, redrawn at most every `refresh_seconds` instead of every n batches and up to
-    four times at each epoch boundary. A redraw costs ~0.3 ms (the metrics shown are gathered for it): Lightning's
-    bar cost 1.9% of a digits step at one redraw every 10 batches, and its epoch-boundary redraws alone ~0.3% of the
-    19-step digits epochs (benchmarks/feature_costs.py). A fixed batch count also redraws fast steps too often and
+    four times at each epoch boundary: a redraw gathers the metrics shown, a cost per redraw that
+    benchmarks/feature_costs.py prints. A fixed batch count also redraws fast steps too often and
     slow ones too rarely. With `leave=True`, each epoch's bar is left with its final count, as Lightning's is."""
 
     def __init__(self, refresh_seconds: float = 1.0, leave: bool = False) -> None:

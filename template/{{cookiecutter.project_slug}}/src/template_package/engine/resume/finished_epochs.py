@@ -3,8 +3,8 @@
 Lightning's fit loop treats every resume with `trainer.max_steps` set as a restart inside an epoch (its
 `_FitLoop.restarting`: `restarting and epoch_unfinished or self._iteration_based_training()`, added in Lightning
 PR #12821 by an author "not 100% sure" of it). From a state saved after an epoch had ended, the resumed run then
-re-enters the finished epoch: it trains other steps than the run that never stopped, with exit 0 (measured: the
-stand-in task's weights differed after 3 epochs; a stream's next epoch ended after one batch). Without max_steps the
+re-enters the finished epoch: it trains other steps than the run that never stopped, with exit 0 (a stream's next
+epoch ends after one batch; tests/test_resume.py). Without max_steps the
 same checkpoint resumes exactly. `keep_finished_epochs_finished` gives the trainer a fit loop that restarts only an
 epoch that had not ended, as Lightning does without max_steps. Depends on lightning only.
 """

@@ -1,9 +1,10 @@
 """A checkpoint taken during a validation of training: the training state as validation found it.
 
-A stop signal can arrive in a validation that takes minutes, longer than a scheduler's grace period (SLURM's KillWait,
-Kubernetes' 30 s). `LastCheckpoint` then saves at once, and the run resumed from that checkpoint does the validation
-again from its first batch, so that its metrics, the best checkpoints and early stopping see the whole of it. Nothing
-of training changes during validation but what validation itself does, and that is undone in the checkpoint:
+A stop signal can arrive in a validation that takes longer than a scheduler's grace period (SLURM's KillWait,
+Kubernetes' termination grace period). `LastCheckpoint` then saves at once, and the run resumed from that checkpoint
+does the validation again from its first batch, so that its metrics, the best checkpoints and early stopping see the
+whole of it. Nothing of training changes during validation but what validation itself does, and that is undone in the
+checkpoint:
 
 - the loop's progress: Lightning would resume the interrupted validation at its next batch, with the metrics of the
   batches before it lost; the checkpoint says that validation has not begun;

@@ -323,7 +323,7 @@ class Sweep:
         self.stride = stride  # the steps between two folds' reports to the pruner
         self.dir = Path(settings.dir)
         self.ownership = Ownership(study, self.dir)
-        # Each trial's fit starts from a warm server (engine/warm_start.py): 5-10 s of imports saved a trial, and
+        # Each trial's fit starts from a warm server (engine/warm_start.py), which has imported torch already, and
         # the fit dies with the sweep, as the server does (a sweep killed for good leaves no fit that trains its
         # trial and reports to the study while another process takes the trial over).
         self.trials: WarmStart | None = None

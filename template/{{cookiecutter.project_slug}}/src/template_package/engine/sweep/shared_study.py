@@ -60,7 +60,7 @@ def open_storage(url: str, heartbeat: int) -> optuna.storages.BaseStorage | str:
 
 
 def engine_options(url: str) -> dict:
-    # An unreachable PostgreSQL host answers in 10 s, not after the operating system's TCP timeout (minutes).
+    # An unreachable PostgreSQL host fails within connect_timeout, not after the operating system's TCP timeout.
     return {"connect_args": {"connect_timeout": 10}} if url.startswith("postgresql") else {}
 
 

@@ -9,8 +9,8 @@ What it gives the subclass, with nothing more to write than `training_step` retu
   optimizer steps since the last log that were clipped;
 - `train/loss` (the mean over each optimizer step's global batch: its accumulation window, averaged over the
   processes at logged steps only, so the same curve on any number of processes) and `lr`, written every
-  `log_every_n_steps` optimizer steps straight to the loggers (through `self.log` each value would cost ~0.6 ms a
-  step, measured);
+  `log_every_n_steps` optimizer steps straight to the loggers (through `self.log` each value would cost a round
+  through Lightning's result collection every step);
 - a stop before a NaN or infinite loss reaches the weights, so the last checkpoint stays the last good state.
 
 A subclass that overrides one of the hooks below and still wants the recipe calls `super()` in it. Depends on torch,
@@ -198,7 +198,7 @@ class TrainingRecipe(L.LightningModule):
 def unscale_fused_gradients(plugin: Precision, optimizer) -> None:
     """Under 16-mixed, Lightning's MixedPrecision unscales the gradients before clipping, except for optimizers that
     unscale inside their own step (fused AdamW): clipped as they are, those gradients are still multiplied by the
-    loss scale (norms of ~87,000 instead of ~1.3 measured), so every step would be clipped to almost nothing. Unscaled
+    loss scale (norms thousands of times too large), so every step would be clipped to almost nothing. Unscaled
     here, GradScaler's step then tells the fused optimizer they are unscaled already."""
     scaler = getattr(plugin, "scaler", None) if isinstance(plugin, MixedPrecision) else None
     if scaler is None or not getattr(optimizer, "_step_supports_amp_scaling", False):

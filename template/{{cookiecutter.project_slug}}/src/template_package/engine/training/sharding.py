@@ -108,7 +108,7 @@ class ShardedStrategy(ModelParallelStrategy):
             )
         super().setup_environment()
         # The checkpoints' own process group, gloo on any device: every wait of a save is bounded by its timeout
-        # (the training group's is 30 minutes), and a dead peer closes its connections at once.
+        # (the training group's default is far longer), and a dead peer closes its connections at once.
         self._checkpoint_group = dist.new_group(backend="gloo", timeout=timedelta(seconds=self.save_timeout))
 
     def setup(self, trainer: L.Trainer) -> None:

@@ -1,13 +1,15 @@
 """What the engine counts as a training step: Lightning's own x-axis, so that one run has one.
 
-`self.log` writes a batch's metrics at `fit_loop.epoch_loop._batches_that_stepped`: the batches after which an
-optimizer stepped. Under automatic optimization that is `trainer.global_step`; under manual optimization
+`self.log` writes a batch's metrics at Lightning's count of batches that stepped (internals.py): the batches after
+which an optimizer stepped. Under automatic optimization that is `trainer.global_step`; under manual optimization
 `global_step` counts every `optimizer.step()` (two a batch for a GAN) while the loggers count batches. The engine's
 own metrics (train/loss, lr, perf/*), `last_checkpoint.every_n_steps` and the step a resumed run logs from all count
 `training_steps`, so they line up with what the module logs. Depends on lightning only.
 """
 
 import lightning as L
+
+from ..internals import accumulating, batches_that_stepped
 
 KEY = "training_steps"  # in a checkpoint: the training steps done when it was taken (`training_steps`)
 
@@ -18,7 +20,7 @@ def training_steps(trainer: L.Trainer) -> int:
     loop = trainer.fit_loop.epoch_loop
     progress = loop.batch_progress.current
     batch_not_counted = (progress.processed > progress.completed or trainer.validating) and progress.processed > 0
-    return loop._batches_that_stepped + (batch_not_counted and not loop._should_accumulate())
+    return batches_that_stepped(trainer) + (batch_not_counted and not accumulating(trainer))
 
 
 def logged_step(trainer: L.Trainer) -> int:
