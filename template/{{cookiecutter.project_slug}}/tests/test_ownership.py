@@ -104,17 +104,14 @@ NOT_YET_MOVED = {
         "ProjectCLI._run_subcommand",
         "ProjectCLI._parse_ckpt_path",
     },  # fmt: skip
-    "data/loaders.py": {"._num_samples"},
     "data/streams.py": {"._distributed", "._iterator", "._shutdown_workers"},
     "report/loggers.py": {"._tracking_uri", "._experiment_name", "._fs", "_PurgingWriter._check_log_dir_exists"},
     "report/progress.py": {"._leave", "._train_progress_bar", "._val_progress_bar", "TimedProgressBar._should_update"},
-    "report/throughput.py": {"._logger_connector"},
     "resume/finished_epochs.py": {"lightning.pytorch.loops.fit_loop._FitLoop", "lightning.pytorch.loops.loop._Loop"},
     "resume/safe_dcp.py": {
         "from torch.distributed.checkpoint._traverse",
         "torch.distributed.checkpoint.default_planner._EmptyStateDictLoadPlanner",
     },  # fmt: skip
-    "resume/validation.py": {"._checkpoint_connector", "._average_model", "._swap_models"},
     "resume/whole_checkpoint.py": {
         "torch.distributed.checkpoint.default_planner._EmptyStateDictLoadPlanner",
         "torch.distributed.checkpoint.state_dict_loader._load_state_dict",
@@ -122,9 +119,8 @@ NOT_YET_MOVED = {
     "sweep/report.py": {"._trial_id", "._study_id", "._storage"},
     "sweep/search.py": {"._trial_id", "._storage"},
     "sweep/shared_study.py": {"._storage", "._trial_id", "._get_stale_trial_ids", "._study_id"},
-    "training/recipe.py": {"._per_optimizer_states", "._step_supports_amp_scaling", "._optimizer"},
     "training/sharding.py": {"lightning.pytorch.strategies.launchers.subprocess_script._SubprocessScriptLauncher"},
-    "training/trainer.py": {"lightning.fabric.plugins.precision.precision._PRECISION_INPUT", "._data_connector"},
+    "training/trainer.py": {"lightning.fabric.plugins.precision.precision._PRECISION_INPUT"},
     "warm_start.py": {"from jsonargparse._stubs_resolver", "lightning.fabric.utilities.rank_zero._get_rank"},
 }
 

@@ -38,6 +38,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from torchdata.stateful_dataloader import sampler as torchdata_samplers
 
 from ..errors import UsageError
+from ..internals import num_samples_given
 from ..training.batch_layout import KEY as LAYOUT
 from ..training.batch_layout import BatchLayout, move_progress, saved_layout
 from . import streams
@@ -65,7 +66,7 @@ def why_not_resumable(loader) -> str | None:
     if batches is not None and (type(batches) not in BATCHING or batches.sampler is not loader.sampler):
         return f"it draws batches with a custom batch sampler ({type(batches).__name__})"
     sampler = loader.sampler
-    if type(sampler) in SHUFFLED and (sampler.replacement or sampler._num_samples is not None):
+    if type(sampler) in SHUFFLED and (sampler.replacement or num_samples_given(sampler)):
         return "its RandomSampler draws with replacement or a number of samples of its own"
     if type(sampler) not in (*SHUFFLED, SequentialSampler):
         return f"it draws samples with a custom sampler ({type(sampler).__name__})"

@@ -11,6 +11,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.profilers import PassThroughProfiler
 
+from ..internals import logs_this_step
 from ..training.steps import logged_step
 from .flops import peak_flops
 
@@ -81,7 +82,7 @@ class Throughput(Callback):
             self._peak = self._peak if self._flops_per_sample else None
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
-        if self._seconds > 0 and trainer._logger_connector.should_update_logs:
+        if self._seconds > 0 and logs_this_step(trainer):
             self.latest = {"perf/samples_per_sec": self._samples / self._seconds}
             self.latest["perf/data_wait_share"] = self._waiting / self._seconds
             if self._flops_per_sample is not None:

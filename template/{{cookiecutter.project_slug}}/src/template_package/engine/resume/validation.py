@@ -19,6 +19,8 @@ guarantee kit's stop during validation finds it. Depends on lightning only.
 import lightning as L
 from lightning.pytorch.callbacks import WeightAveraging
 
+from ..internals import full_checkpoint, swap_in_training_weights
+
 
 def in_validation(trainer: L.Trainer) -> bool:
     """Whether a validation of training (not the sanity check) is running."""
@@ -29,11 +31,11 @@ def dump_checkpoint(trainer: L.Trainer) -> dict:
     """The trainer's full state; during a validation of training, as validation found it. The model is left with its
     training weights: a checkpoint is taken during validation only for a run that stops."""
     if not in_validation(trainer):
-        return trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
+        return full_checkpoint(trainer)
     for callback in trainer.callbacks:
-        if isinstance(callback, WeightAveraging) and callback._average_model is not None:
-            callback._swap_models(trainer.lightning_module)  # the training weights back, as on_validation_epoch_end
-    checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
+        if isinstance(callback, WeightAveraging):
+            swap_in_training_weights(callback, trainer.lightning_module)  # as on_validation_epoch_end does
+    checkpoint = full_checkpoint(trainer)
     progress = checkpoint["loops"]["fit_loop"]["epoch_loop.val_loop.batch_progress"]
     before = progress["total"]["completed"] - progress["current"]["completed"]  # this epoch's validations before it
     # Lightning's stage "restarted mid-evaluation" (started one batch more than processed), at its first batch.

@@ -19,10 +19,12 @@ lightning and schedulers.py and the engine's errors.py.
 
 import lightning as L
 import torch
+from lightning.pytorch.core.optimizer import LightningOptimizer
 from lightning.pytorch.plugins.precision import MixedPrecision, Precision
 from torch import Tensor, nn
 
 from ..errors import NonFiniteLoss, UsageError
+from ..internals import unscaled_yet, unscales_in_its_step
 from .schedulers import WarmupCosineSchedule
 from .steps import logged_step
 
@@ -201,10 +203,9 @@ def unscale_fused_gradients(plugin: Precision, optimizer) -> None:
     loss scale (norms thousands of times too large), so every step would be clipped to almost nothing. Unscaled
     here, GradScaler's step then tells the fused optimizer they are unscaled already."""
     scaler = getattr(plugin, "scaler", None) if isinstance(plugin, MixedPrecision) else None
-    if scaler is None or not getattr(optimizer, "_step_supports_amp_scaling", False):
+    if scaler is None or not unscales_in_its_step(optimizer):
         return
-    from torch.amp.grad_scaler import OptState
-
-    optimizer = getattr(optimizer, "_optimizer", optimizer)  # Lightning's LightningOptimizer wraps it
-    if scaler._per_optimizer_states[id(optimizer)]["stage"] is OptState.READY:
+    if isinstance(optimizer, LightningOptimizer):
+        optimizer = optimizer.optimizer
+    if not unscaled_yet(scaler, optimizer):
         scaler.unscale_(optimizer)

@@ -28,6 +28,7 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 from ..data.loaders import ResumableLoaders
 from ..data.preparing import keeping_global_state
 from ..errors import UsageError
+from ..internals import wrap_prepare_data
 from ..resume.durable import DurableCheckpointIO
 from ..resume.last_checkpoint import LastCheckpoint
 from ..resume.rng import ResumableRNGState
@@ -157,7 +158,7 @@ class Trainer(L.Trainer):
             deterministic=deterministic, log_every_n_steps=log_every_n_steps, **kwargs,
         )  # fmt: skip
         # The first run, which prepares the data, must train like every later one (data/preparing.py).
-        self._data_connector.prepare_data = keeping_global_state(self._data_connector.prepare_data)
+        wrap_prepare_data(self, keeping_global_state)
 
     fit = _described(
         _fit,
