@@ -5,6 +5,8 @@ every process in seconds with one line and leave the previous last.ckpt whole; 4
 their step, and the run moved to 1 process ends within float32 summation order; a sharded checkpoint is validated on
 1 process and exported as one file; a damaged or crafted folder is refused in one line."""
 
+import contextlib
+import errno
 import os
 import pickle
 import random
@@ -24,8 +26,10 @@ from test_elastic import record
 from test_faults import fill, small_disk  # noqa: F401 - a fixture
 from test_resume import assert_same_state, finish, kill_group, start_fit, wait_until_frozen
 from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.filesystem import FileSystem
 
 from template_package.engine.resume.whole_checkpoint import is_sharded, read_shards, read_whole, saved_step
+from template_package.engine.training.sharding import ShardedStrategy
 
 FSDP = str(PROJECT_ROOT / "configs" / "fsdp.yaml")
 ON_2 = ["-c", FSDP, "--trainer.accelerator=cpu", "--trainer.devices=2", "--trainer.precision=32-true"]
@@ -406,3 +410,45 @@ def test_what_cannot_work_sharded_is_refused_in_one_line(tmp_path, preset, says)
             "--trainer.devices=1", f"--trainer.default_root_dir={tmp_path / 'run'}", *QUICK)  # fmt: skip
     assert str(stop.value.code).startswith(says)
     assert not (tmp_path / "run" / "checkpoints" / "last.ckpt").exists()
+
+
+class FullDisk:
+    """A file whose third write fails as a full disk does."""
+
+    def __init__(self, file) -> None:
+        self.file, self.writes = file, 0
+
+    def write(self, data) -> int:
+        self.writes += 1
+        if self.writes > 2:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return self.file.write(data)
+
+    def __getattr__(self, name: str):
+        return getattr(self.file, name)
+
+
+@pytest.mark.parametrize("keeps_errors", [True, False])
+def test_a_shard_write_on_a_full_disk_fails_with_the_disks_reason(tmp_path: Path, monkeypatch, keeps_errors: bool):
+    """torch.save inside DCP turns a failed write into `RuntimeError: unexpected pos`; the engine's shard writer
+    raises the OSError instead, so the run's one line says the disk is full (without it: torch's text)."""
+    local = FileSystem.create_stream
+
+    @contextlib.contextmanager
+    def on_a_full_disk(self, path, mode):
+        with local(self, path, mode) as stream:
+            yield FullDisk(stream) if "w" in mode else stream
+
+    monkeypatch.setattr(FileSystem, "create_stream", on_a_full_disk)
+    writer = ShardedStrategy().storage_writer(tmp_path / "step-1")
+    if not keeps_errors:
+        writer.fs = FileSystem()
+    with pytest.raises(dcp.api.CheckpointException) as failed:
+        dcp.save(
+            {"weights": torch.randn(1000), "extra": {"bias": torch.randn(10)}}, storage_writer=writer, no_dist=True
+        )
+    cause = failed.value.failures[0][0]
+    if keeps_errors:
+        assert isinstance(cause, OSError) and cause.errno == errno.ENOSPC
+    else:
+        assert isinstance(cause, RuntimeError) and "unexpected pos" in str(cause)

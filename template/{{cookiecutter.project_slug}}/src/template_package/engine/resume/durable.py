@@ -63,6 +63,9 @@ class _KeepsWriteErrors:
     def __init__(self, file: BinaryIO) -> None:
         self.file, self.error = file, None
 
+    def __getattr__(self, name: str):
+        return getattr(self.file, name)  # tell, fileno, ...: the file's own
+
     def write(self, data) -> int:
         try:
             return self.file.write(data)
@@ -72,6 +75,18 @@ class _KeepsWriteErrors:
 
     def flush(self) -> None:
         self.file.flush()
+
+
+@contextlib.contextmanager
+def keeping_write_errors(file: BinaryIO):
+    """`file` for torch.save: a failed write raises its OSError (the disk is full), not torch's `unexpected pos`."""
+    writer = _KeepsWriteErrors(file)
+    try:
+        yield writer
+    except RuntimeError:
+        if writer.error is None:
+            raise
+        raise writer.error from None
 
 
 def _reason(error: BaseException) -> tuple[str, int | None]:
@@ -96,11 +111,8 @@ class DurableCheckpointIO(TorchCheckpointIO):
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             with open(tmp, "wb") as file:
-                writer = _KeepsWriteErrors(file)
-                try:
+                with keeping_write_errors(file) as writer:
                     self.write(checkpoint, writer)
-                except RuntimeError as error:  # torch.save's wrapping of a failed write
-                    raise (writer.error or error) from None
                 file.flush()
             replace_durably(tmp, path)
         except BaseException as error:

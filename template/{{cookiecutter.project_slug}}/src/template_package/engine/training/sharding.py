@@ -16,6 +16,7 @@ ModelParallelStrategy, sharding parameters, gradients and optimizer state over e
 Depends on torch, lightning and the engine's errors.py and resume/sharded_folders.py.
 """
 
+import contextlib
 import signal
 from datetime import timedelta
 from functools import partial
@@ -32,12 +33,24 @@ from lightning.pytorch.strategies.launchers.subprocess_script import _Subprocess
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch import nn
 from torch.distributed.checkpoint import FileSystemWriter
+from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from ..errors import UsageError
 from ..resume import sharded_folders
+from ..resume.durable import keeping_write_errors
 
 CONTAINERS = (nn.ModuleList, nn.Sequential)
+
+
+class FileSystemKeepingWriteErrors(FileSystem):
+    """DCP's local files, whose failed writes raise their OSError (a full disk named as such, as for a whole
+    checkpoint), not torch.save's `unexpected pos`."""
+
+    @contextlib.contextmanager
+    def create_stream(self, path, mode: str):
+        with super().create_stream(path, mode) as stream, keeping_write_errors(stream) as writer:
+            yield writer
 
 
 def shard_units(module: nn.Module) -> list[nn.Module]:
@@ -169,7 +182,9 @@ class ShardedStrategy(ModelParallelStrategy):
 
     def storage_writer(self, folder: Path) -> FileSystemWriter:
         """How this process writes its shards into `folder`: one file a process, each fsynced."""
-        return FileSystemWriter(folder, single_file_per_rank=True, sync_files=True, overwrite=False)
+        writer = FileSystemWriter(folder, single_file_per_rank=True, sync_files=True, overwrite=False)
+        writer.fs = FileSystemKeepingWriteErrors()
+        return writer
 
     def remove_checkpoint(self, filepath) -> None:
         if self.is_global_zero:
