@@ -13,7 +13,7 @@ ModelParallelStrategy, sharding parameters, gradients and optimizer state over e
 - checkpoints that are complete or absent (resume/sharded_folders.py), whose waits among the processes are bounded
   by `save_timeout`.
 
-Depends on torch, lightning and the engine's errors.py and resume/sharded_folders.py.
+Depends on torch, lightning and the engine's errors.py, resume/sharded_folders.py and resume/durable.py.
 """
 
 import contextlib
