@@ -31,6 +31,7 @@ from ..resume.durable import replace_durably
 from ..resume.last_checkpoint import LastCheckpoint
 from ..resume.run_lock import RunLock, is_global_rank_zero
 from ..resume.stop_signals import STOP_SIGNALS
+from ..resume.trained_state import TrainedState
 from ..training.monitor import BestCheckpoints, follow_the_monitored_metric
 from ..training.steps import steps_in
 from ..training.trainer import Trainer
@@ -279,6 +280,9 @@ class ProjectCLI(LightningCLI):
             )
             if any(option.startswith("model.") for option in changed):
                 self.trainer.callbacks.append(ChangedModelSettings())
+            for callback in self.trainer.callbacks:
+                if isinstance(callback, TrainedState):
+                    callback.allowed = allowed
             if check_world_size(config.ckpt_path, self.checkpoint, self.trainer, allowed):
                 for callback in self.trainer.callbacks:
                     if isinstance(callback, ResumableLoaders):

@@ -25,21 +25,77 @@ from torch import Tensor, nn
 
 from ..errors import NonFiniteLoss, UsageError
 from ..internals import unscaled_yet, unscales_in_its_step
-from .schedulers import WarmupCosineSchedule
+from .schedulers import LR_GROUP, WarmupCosineSchedule
 from .steps import logged_step
 
 
-def weight_decay_groups(module: nn.Module, weight_decay: float) -> list[dict]:
-    """Two AdamW param groups: weights of linear and conv layers decay; biases and norm weights (1-D) do not.
+def weight_decay_groups(
+    module: nn.Module, weight_decay: float, lr: float | None = None, lr_scale: dict[str, float] | None = None
+) -> list[dict]:
+    """AdamW param groups: weights of linear and conv layers decay; biases and norm weights (1-D) do not.
 
     Decaying a bias or a LayerNorm/BatchNorm scale pulls it towards 0, which only hurts; decaying matrices
-    regularises. (Embedding tables are 2-D and decay, as in GPT-2's and nanoGPT's recipes.)
+    regularises. (Embedding tables are 2-D and decay, as in GPT-2's and nanoGPT's recipes.) `lr_scale` maps a direct
+    submodule's name to a factor of `lr`: its parameters get groups of their own, named after it (`backbone`). Only
+    trainable parameters: a frozen one joins when a callback adds it (RecipeAdamW.add_param_group).
     """
-    params = [p for p in module.parameters() if p.requires_grad]
+    lr_scale = lr_scale or {}
+    children = [name for name, _ in module.named_children()]
+    unknown = sorted(set(lr_scale) - set(children))
+    if unknown:
+        raise UsageError(
+            f"model.lr_scale names {', '.join(unknown)}, not a submodule of {type(module).__name__}: name one of "
+            f"its direct submodules ({', '.join(children)})"
+        )
+    parts: dict[str | None, list[Tensor]] = {}
+    for name, param in module.named_parameters():
+        if param.requires_grad:
+            child = name.split(".")[0]
+            parts.setdefault(child if child in lr_scale else None, []).append(param)
+    groups = []
+    for name, params in sorted(parts.items(), key=lambda part: part[0] is not None):  # (unscaled first: `lr`)
+        group = {"params": params} if name is None else {"params": params, "name": name, "lr": lr * lr_scale[name]}
+        groups += decay_split(group, weight_decay)
+    return groups
+
+
+def decay_split(group: dict, weight_decay: float) -> list[dict]:
+    """`group` by the decay rule: its matrices at its own weight_decay (else `weight_decay`), its 1-D tensors at 0.
+    Split in two, the halves share one LR (schedulers.LR_GROUP) and the 1-D half's name ends in `.no_decay`."""
+    params = [group["params"]] if isinstance(group["params"], Tensor) else list(group["params"])
+    matrices, vectors = [p for p in params if p.ndim >= 2], [p for p in params if p.ndim < 2]
+    name = group.get("name")
+    if matrices and vectors and name is not None:
+        halves = [{**group, LR_GROUP: name}, {**group, LR_GROUP: name, "name": f"{name}.no_decay"}]
+    else:
+        halves = [group, dict(group)]
+    decays = (group.get("weight_decay", weight_decay), 0.0)
     return [
-        {"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
-        {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
+        {**half, "params": part, "weight_decay": decay}
+        for half, part, decay in zip(halves, (matrices, vectors), decays, strict=True)
+        if part
     ]
+
+
+class RecipeAdamW(torch.optim.AdamW):
+    """AdamW whose every param group follows the decay rule (decay_split), groups added after it was built too: the
+    group a fine-tuning callback adds (Lightning's BaseFinetuning.unfreeze_and_add_param_group) is split inside
+    `add_param_group`, so that the layout the callback stores for a resume is the optimizer's own. An added group
+    without a name is named after its parameters' submodule (`backbone`), which names its LR in the logs."""
+
+    def __init__(self, params, weight_decay: float, module: nn.Module | None = None, **kwargs) -> None:
+        self.recipe_weight_decay = weight_decay
+        super().__init__(params, weight_decay=weight_decay, **kwargs)
+        self.module_names = {} if module is None else {id(p): name for name, p in module.named_parameters()}
+
+    def add_param_group(self, param_group: dict) -> None:
+        params = param_group["params"]
+        params = [params] if isinstance(params, Tensor) else list(params)
+        heads = {self.module_names[id(p)].split(".")[0] for p in params if id(p) in getattr(self, "module_names", {})}
+        if "name" not in param_group and len(heads) == 1:
+            param_group = {**param_group, "name": heads.pop()}
+        for group in decay_split({**param_group, "params": params}, self.recipe_weight_decay) or [param_group]:
+            super().add_param_group(group)
 
 
 def set_schedule_lengths(trainer: L.Trainer) -> None:
@@ -93,6 +149,8 @@ class TrainingRecipe(L.LightningModule):
         fused_optimizer: AdamW's fused implementation, one kernel for all parameters instead of a few per tensor
             (CUDA and CPU). Deterministic, so runs repeat and resume exactly, but its rounding differs from the
             default AdamW's: its runs are not bit-identical to runs without it.
+        lr_scale: a factor of `lr` for a submodule's parameters, by its name (`{"backbone": 0.1}`: a pretrained
+            backbone at a tenth of the head's rate). Its LR is logged as `lr/backbone`.
     """
 
     def __init__(
@@ -102,10 +160,11 @@ class TrainingRecipe(L.LightningModule):
         warmup: float = 0.1,
         min_lr_ratio: float = 0.01,
         fused_optimizer: bool = False,
+        lr_scale: dict[str, float] | None = None,
     ) -> None:
         super().__init__()
         self.lr, self.weight_decay, self.warmup, self.min_lr_ratio = lr, weight_decay, warmup, min_lr_ratio
-        self.fused_optimizer = fused_optimizer
+        self.fused_optimizer, self.lr_scale = fused_optimizer, dict(lr_scale or {})
         self.grad_norm: Tensor | None = None  # the total gradient norm of the last step that computed it
         self._clipped_steps: Tensor | int = 0  # for train/clip_share: clipped optimizer steps since the last log
         self._steps_since_log = 0
@@ -114,12 +173,21 @@ class TrainingRecipe(L.LightningModule):
         self._step_at_batch_start = 0
 
     def configure_optimizers(self):
-        groups = weight_decay_groups(self, self.weight_decay)
-        optimizer = torch.optim.AdamW(groups, lr=self.lr, fused=self.fused_optimizer or None)  # None: torch's default
+        groups = weight_decay_groups(self, self.weight_decay, self.lr, self.lr_scale)
+        fused = self.fused_optimizer or None  # None: torch's default
+        optimizer = RecipeAdamW(groups, self.weight_decay, module=self, lr=self.lr, fused=fused)
         schedule = WarmupCosineSchedule(optimizer, self.warmup, min_lr_ratio=self.min_lr_ratio)
         # interval="step": Lightning steps the schedule once per optimizer step, i.e. after each full accumulation
         # window, so it counts optimizer steps, not batches. Its length is set when training starts.
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+
+    def on_fit_start(self) -> None:
+        ratio_callbacks = [type(c).__name__ for c in self.trainer.callbacks if hasattr(c, "backbone_initial_ratio_lr")]
+        if ratio_callbacks and "backbone" in self.lr_scale:
+            raise UsageError(
+                f"model.lr_scale sets the backbone's LR and so does {ratio_callbacks[0]}'s backbone_initial_ratio_lr: "
+                "keep one (drop 'backbone' from model.lr_scale, or the callback)"
+            )
 
     def on_train_start(self) -> None:
         set_schedule_lengths(self.trainer)  # (done already under the engine's Trainer; here for a plain Trainer)
@@ -149,7 +217,7 @@ class TrainingRecipe(L.LightningModule):
         norm, so it costs nothing more; it stays on the device until a logged step reads it."""
         logging = self._is_logging_step()  # (global_step counts this optimizer step only after it)
         if logging:  # the rate this step is taken with (the schedule steps before on_train_batch_end)
-            self._step_metrics = {"lr": optimizer.param_groups[0]["lr"]}
+            self._step_metrics = group_lrs(optimizer.param_groups)
         plugin = self.trainer.precision_plugin
         if type(plugin).clip_grad_by_norm is not Precision.clip_grad_by_norm:  # FSDP's or DeepSpeed's own clipping
             self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
@@ -195,6 +263,17 @@ class TrainingRecipe(L.LightningModule):
         values = {name: float(value) for name, value in metrics.items()}
         for logger in self.loggers:
             logger.log_metrics(values, step=step)
+
+
+def group_lrs(param_groups: list[dict]) -> dict[str, float]:
+    """`lr`, the first group's rate, and `lr/<name>` for each named group with a rate of its own (the halves of one
+    split group share theirs: schedulers.LR_GROUP)."""
+    lrs = {"lr": param_groups[0]["lr"]}
+    for group in param_groups:
+        name = group.get(LR_GROUP, group.get("name"))
+        if name is not None and name != param_groups[0].get(LR_GROUP, param_groups[0].get("name")):
+            lrs.setdefault(f"lr/{name}", group["lr"])
+    return lrs
 
 
 def unscale_fused_gradients(plugin: Precision, optimizer) -> None:

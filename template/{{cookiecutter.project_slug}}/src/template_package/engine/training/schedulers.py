@@ -5,6 +5,8 @@ import math
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
+LR_GROUP = "lr_group"  # a param group key: groups with the same value share one LR (see WarmupCosineSchedule)
+
 
 def warmup_cosine_factor(step: int, warmup_steps: int, total_steps: int, min_lr_ratio: float) -> float:
     """The LR multiplier before optimizer step `step` (0-based).
@@ -43,6 +45,12 @@ class WarmupCosineSchedule(LRScheduler):
     set_schedule_lengths); reading `trainer.estimated_stepping_batches` inside `configure_optimizers` builds the
     train loader too early and silently skips restoring its position on resume (Lightning issue #20550). Until then
     the LR is 0, and stepping the schedule raises: a forgotten call cannot train a whole run at LR 0.
+
+    The schedule owns every group's LR, groups added later included (a fine-tuning callback's): a group added at
+    step s joins with base LR = its LR / the factor at s, and an LR written into a group between steps becomes its
+    base LR the same way, before the optimizer steps: the written LR is the one that trains, and the schedule goes on
+    from it. Groups with the
+    same `LR_GROUP` value are one group split by decay rule (recipe.RecipeAdamW): a write to one applies to all.
     """
 
     def __init__(
@@ -56,6 +64,10 @@ class WarmupCosineSchedule(LRScheduler):
             self.warmup_steps = resolve_warmup_steps(warmup, total_steps)
             self.total_steps = total_steps
         super().__init__(optimizer)
+        optimizer.register_step_pre_hook(self._before_optimizer_step)
+
+    def _before_optimizer_step(self, optimizer: Optimizer, args, kwargs) -> None:
+        self._adopt_written_lrs()  # (the step about to be taken trains with the written rate)
 
     def set_total_steps(self, total_steps: int) -> None:
         """Fix the run's length in optimizer steps and set the LR of the current step accordingly."""
@@ -65,6 +77,34 @@ class WarmupCosineSchedule(LRScheduler):
             group["lr"] = lr
         self._last_lr = [group["lr"] for group in self.optimizer.param_groups]
 
+    def step(self, epoch: int | None = None) -> None:
+        if hasattr(self, "_last_lr"):  # (not at the step LRScheduler's own __init__ takes)
+            self._adopt_written_lrs()
+        super().step(epoch)
+
+    def _adopt_written_lrs(self) -> None:
+        """Base LRs for groups added since the last step and for LRs written since then (see the class docstring)."""
+        groups = self.optimizer.param_groups
+        factor = self._factor(self.last_epoch)
+        written = {}
+        for index, group in enumerate(groups):
+            if index >= len(self.base_lrs) or group["lr"] != self._last_lr[index]:
+                written.setdefault(group.get(LR_GROUP, index), group["lr"])
+        if not written:
+            return
+        self.base_lrs = list(self.base_lrs) + [0.0] * (len(groups) - len(self.base_lrs))
+        for index, group in enumerate(groups):
+            lr = written.get(group.get(LR_GROUP, index))
+            if lr is not None:
+                group["lr"] = lr
+                group["initial_lr"] = self.base_lrs[index] = lr / factor if factor else lr
+        self._last_lr = [group["lr"] for group in groups]
+
+    def _factor(self, step: int) -> float:
+        if self.total_steps is None:
+            return 0.0
+        return warmup_cosine_factor(step, self.warmup_steps, self.total_steps, self.min_lr_ratio)
+
     def get_lr(self) -> list[float]:
         if self.total_steps is None:
             if self.last_epoch > 0:
@@ -73,5 +113,5 @@ class WarmupCosineSchedule(LRScheduler):
                     "first, or train with the engine's Trainer (or a TrainingRecipe module), which does"
                 )
             return [0.0 for _ in self.base_lrs]
-        factor = warmup_cosine_factor(self.last_epoch, self.warmup_steps, self.total_steps, self.min_lr_ratio)
+        factor = self._factor(self.last_epoch)
         return [base_lr * factor for base_lr in self.base_lrs]

@@ -5,7 +5,8 @@
   1.0, metrics every 10 steps, `precision="auto"` (see `auto_precision`); TF32 matmuls on CUDA;
 - checkpoint files written atomically (durable.DurableCheckpointIO, unless a CheckpointIO plugin is given);
 - the engine's own callbacks, whatever the config lists: every rank's RNG states in each checkpoint
-  (resume.ResumableRNGState), a train loader that resumes exactly (loaders.ResumableLoaders), and the length of
+  (resume.ResumableRNGState), what else decides the next step, checked on a resume (resume/trained_state.py), a
+  train loader that resumes exactly (loaders.ResumableLoaders), and the length of
   every WarmupCosineSchedule (recipe.set_schedule_lengths), so that no module trains at LR 0, and the configured
   clipping for a module that optimizes manually (manual.py);
 - the checkpoint callbacks in the order Lightning expects: `trainer.checkpoint_callback` (what `ckpt_path="best"`
@@ -32,6 +33,7 @@ from ..internals import wrap_prepare_data
 from ..resume.durable import DurableCheckpointIO
 from ..resume.last_checkpoint import LastCheckpoint
 from ..resume.rng import ResumableRNGState
+from ..resume.trained_state import TrainedState
 from .manual import ManualClipping, keep_clipping_aside
 from .recipe import set_schedule_lengths
 
@@ -44,7 +46,7 @@ class ScheduleLength(Callback):
 
 
 # The engine's own callbacks: added to every run that does not list one of the same class.
-ENGINE_CALLBACKS = (ResumableRNGState, ResumableLoaders, ScheduleLength, ManualClipping)
+ENGINE_CALLBACKS = (ResumableRNGState, ResumableLoaders, ScheduleLength, ManualClipping, TrainedState)
 DEFAULT_EPOCHS = 20  # when neither max_epochs nor max_steps is given (Lightning's own: 1000)
 
 

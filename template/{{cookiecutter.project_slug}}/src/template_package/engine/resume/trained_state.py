@@ -1,0 +1,146 @@
+"""What decides the next step beyond the weights, optimizers, schedules, generators and the loader's position: kept in
+every checkpoint and checked when a run resumes, for any module and any callback.
+
+A callback may set training up in a hook that a resumed run does not repeat: Lightning's BaseFinetuning freezes the
+backbone again in `setup` on every run and unfreezes it only at the start of its epoch, so a run resumed past that
+start would train on with a frozen backbone. So each checkpoint records which parameters train (`requires_grad`),
+each param group's settings and members by parameter name, BatchNorm's `track_running_stats` (which BaseFinetuning
+switches with `train_bn=False`), each submodule's train/eval mode at the last training step (a save during validation
+sees eval mode), and every callback's state. When a run resumes, after every restore hook (the module's, Lightning's,
+each callback's) and before its first step, `TrainedState` puts back what it can (trainable flags, BatchNorm's flag,
+modes) and stops on any other difference in one line naming it and both values. Not compared, as they do not decide
+training: a checkpoint writer's state (paths and scores) and Timer's elapsed time. `--allow_change callbacks.<Name>`
+lets a callback's state differ. Depends on torch and lightning.
+"""
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback, Checkpoint
+from torch import nn
+
+from ..errors import UsageError
+
+KEY = "trained_state"  # in a checkpoint: what `observed` saw when it was taken
+NOT_COMPARED = {"Timer": {"time_elapsed"}}  # a callback's keys that do not decide training (and every Checkpoint's)
+
+
+def observed(module: nn.Module, optimizers: list, modes: dict[str, bool]) -> dict:
+    """What decides the next step, as a checkpoint records it (`modes`: each submodule's, at the last step)."""
+    names = {id(param): name for name, param in module.named_parameters()}
+    return {
+        "requires_grad": {name: param.requires_grad for name, param in module.named_parameters()},
+        "track_running_stats": {
+            name: sub.track_running_stats
+            for name, sub in module.named_modules()
+            if isinstance(getattr(sub, "track_running_stats", None), bool)
+        },
+        "modes": modes,
+        "param_groups": [
+            [{**group, "params": [names.get(id(p), "?") for p in group["params"]]} for group in optimizer.param_groups]
+            for optimizer in optimizers
+        ],
+    }
+
+
+def modes_of(module: nn.Module) -> dict[str, bool]:
+    return {name: sub.training for name, sub in module.named_modules()}
+
+
+class TrainedState(Callback):
+    """Records `observed` in each checkpoint and, on a resume, puts it back or stops (see the module docstring).
+    `allowed`: the `--allow_change` options of the resumed run."""
+
+    def __init__(self) -> None:
+        self.allowed: list[str] = []
+        self._modes: dict[str, bool] | None = None
+        self._saved: dict | None = None
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int) -> None:
+        if self._modes is None:  # once a fit: what a step trains with changes where a hook changes it
+            self._modes = modes_of(pl_module)
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._modes = None  # (taken again at the epoch's first step: after every epoch-start hook)
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+        modes = self._modes if self._modes is not None else modes_of(pl_module)
+        checkpoint[KEY] = observed(pl_module, trainer.optimizers, modes)
+
+    def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+        self._saved = {"state": checkpoint.get(KEY), "callbacks": checkpoint.get("callbacks", {})}
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        saved, self._saved = self._saved, None
+        if saved is None:
+            return
+        if saved["state"] is not None:
+            put_back(pl_module, saved["state"])
+            check_groups(trainer.optimizers, saved["state"]["param_groups"], pl_module)
+        check_callbacks(trainer.callbacks, saved["callbacks"], self.allowed)
+
+
+def put_back(module: nn.Module, saved: dict) -> None:
+    """The trainable flags, BatchNorm's flag and the train/eval modes as the checkpoint has them."""
+    params, subs = dict(module.named_parameters()), dict(module.named_modules())
+    for name, trainable in saved["requires_grad"].items():
+        if name in params and params[name].requires_grad != trainable:
+            params[name].requires_grad_(trainable)
+    for name, tracks in saved["track_running_stats"].items():
+        if name in subs:
+            subs[name].track_running_stats = tracks
+    for name, training in saved["modes"].items():
+        if name in subs:
+            subs[name].training = training
+
+
+def check_groups(optimizers: list, saved: list[list[dict]], module: nn.Module) -> None:
+    live = observed(module, optimizers, {})["param_groups"]
+    if len(live) != len(saved):
+        stop(f"the run has {len(live)} optimizers and the checkpoint {len(saved)}")
+    for index, (groups, saved_groups) in enumerate(zip(live, saved, strict=True)):
+        if len(groups) != len(saved_groups):
+            stop(f"optimizer {index} has {len(groups)} param groups and the checkpoint's {len(saved_groups)}")
+        for number, (group, saved_group) in enumerate(zip(groups, saved_groups, strict=True)):
+            where = f"optimizer {index}'s param group {number}" + (f" ({group['name']})" if "name" in group else "")
+            for key in sorted(group.keys() | saved_group.keys()):
+                if not same(group.get(key), saved_group.get(key)):
+                    live_value, saved_value = group.get(key), saved_group.get(key)
+                    if key == "params":  # (the first parameter that differs, not the whole lists)
+                        live_value, saved_value = next(
+                            (a, b) for a, b in zip([*live_value, None], [*saved_value, None], strict=False) if a != b
+                        )
+                    stop(f"{where} has {key} {live_value!r} and the checkpoint {saved_value!r}")
+
+
+def check_callbacks(callbacks: list[Callback], saved: dict, allowed: list[str]) -> None:
+    for callback in callbacks:
+        name = type(callback).__name__
+        if callback.state_key not in saved or f"callbacks.{name}" in allowed or isinstance(callback, Checkpoint):
+            continue
+        live, kept = callback.state_dict(), saved[callback.state_key]
+        for key in sorted(live.keys() | kept.keys(), key=str):
+            if key not in NOT_COMPARED.get(name, ()) and not same(live.get(key), kept.get(key)):
+                raise UsageError(
+                    f"callback {name}'s state {key} is {live.get(key)!r} in the resumed run and {kept.get(key)!r} in "
+                    f"the checkpoint, before the first step: a hook that runs on a restart changed it, so the run "
+                    f"would not go on as it was; fix the callback, or add --allow_change callbacks.{name} to go on"
+                )
+
+
+def same(a, b) -> bool:
+    """Equal, tensors bit for bit, containers recursively."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape and torch.equal(a, b)
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same(a[key], b[key]) for key in a)
+    if isinstance(a, list | tuple) and isinstance(b, list | tuple):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
+    return a == b
+
+
+def stop(difference: str) -> None:
+    raise UsageError(
+        f"the resumed run is not set up as the checkpoint was: {difference}, before the first step (a hook that runs "
+        "on a restart changed it: setup, configure_optimizers, on_fit_start or a callback's load_state_dict); fix "
+        "that hook, or start a new run"
+    )
