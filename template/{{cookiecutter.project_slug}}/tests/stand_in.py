@@ -264,3 +264,30 @@ class PlainClassifier(LightningModule):
         else:
             schedule = WarmupCosineSchedule(optimizer, warmup=2)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": self.hparams.interval}}
+
+
+class LateClassesData(StandInData):
+    """The stand-in's data with its number of classes known only in setup(), as a tokenizer trained on the data
+    knows its vocabulary size."""
+
+    def __init__(
+        self, batch_size: int = 64, num_workers: int = 0, augment: bool = False, stateful: bool = False
+    ) -> None:
+        super().__init__(batch_size, num_workers, augment, stateful)
+        self.num_classes = None
+
+    def setup(self, stage: str) -> None:
+        super().setup(stage)
+        self.num_classes = 10
+
+
+class LateHeadClassifier(StandInClassifier):
+    """The stand-in that builds its layers in configure_model, after the data's setup()."""
+
+    def __init__(self, num_classes: int | None = None, in_channels: int | None = None, **recipe) -> None:
+        super().__init__(10, in_channels, **recipe)  # (its metrics are made for 10 classes)
+        self.net = None
+
+    def configure_model(self) -> None:
+        if self.net is None:
+            self.net = stand_in_net(self.trainer.datamodule.num_classes, 1, dropout=0.0)

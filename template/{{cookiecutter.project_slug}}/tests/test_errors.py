@@ -185,3 +185,21 @@ def test_the_projects_own_error_type_raised_in_the_users_code_is_one_line(run_di
     message = error_line("fit", f"--trainer.default_root_dir={run_dir}", *QUICK, "--model=stand_in.FailingClassifier",
                          "--model.error=UsageError", f"--model.when={when}")  # fmt: skip
     assert message == f"error: UsageError raised at {when}"
+
+
+def test_a_value_the_data_sets_only_in_setup_stops_the_run_in_one_line(run_dir):
+    message = error_line("fit", f"--trainer.default_root_dir={run_dir}", *QUICK, "--data=stand_in.LateClassesData")
+    assert message == (
+        "error: model.num_classes is left to the data, but LateClassesData.num_classes is still None when the model "
+        "is built (a value set in setup(), which runs later): set self.num_classes in LateClassesData.__init__, give "
+        "--model.num_classes, or build the layers that need it in the model's configure_model(), which Lightning "
+        "calls after setup()"
+    )
+    assert not list(run_dir.glob("checkpoints/*"))
+
+
+def test_a_model_that_builds_its_layers_in_configure_model_takes_the_value_set_in_setup(run_dir):
+    cli("fit", f"--trainer.default_root_dir={run_dir}", *QUICK, "--data=stand_in.LateClassesData",
+        "--model=stand_in.LateHeadClassifier")  # fmt: skip
+    checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
+    assert checkpoint["state_dict"]["net.8.weight"].shape[0] == 10

@@ -21,9 +21,10 @@ import lightning as L
 import torch
 from jsonargparse import Namespace
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback, _InstantiatorFn
+from lightning.pytorch.utilities.model_helpers import is_overridden
 
 from ..data.loaders import ResumableLoaders
-from ..errors import MACHINE_FAULTS, is_a_users_mistake, one_line, original_error
+from ..errors import MACHINE_FAULTS, UsageError, is_a_users_mistake, one_line, original_error
 from ..internals import set_batches_that_stepped
 from ..report.predictions import PredictionsCSV
 from ..resume.changes import ChangedModelSettings, check_resume_changes, loading_options
@@ -157,7 +158,7 @@ class ProjectCLI(LightningCLI):
         def model(class_type, *args, applied_instantiation_links: dict, **kwargs):
             if self._built_data is None and self.config[self.config.subcommand].data is not None:
                 raise RuntimeError("the data must be built before the model, which takes values from it")
-            given = values_from_data(self._built_data, kwargs)
+            given = values_from_data(self._built_data, kwargs, class_type)
             links = {**applied_instantiation_links, **{f"model.init_args.{name}": v for name, v in given.items()}}
             return build_model(class_type, *args, applied_instantiation_links=links, **{**kwargs, **given})
 
@@ -398,9 +399,22 @@ def build_cli(args: list[str] | None, run_subcommand: bool = True) -> ProjectCLI
     )
 
 
-def values_from_data(data: L.LightningDataModule | None, arguments: dict) -> dict:
-    """The model's arguments left at None that the data has a value for, under the same name."""
+def values_from_data(data: L.LightningDataModule | None, arguments: dict, model_class: type | None = None) -> dict:
+    """The model's arguments left at None that the data has a value for, under the same name. A data attribute that
+    is still None (a DataModule that sets it in setup(), which runs later) stops the run in one line: the model would
+    be built with None. A model that builds its layers in configure_model (after setup) takes it from the data there."""
     if data is None:
         return {}
+    base = set(vars(L.LightningDataModule()))  # (Lightning's own attributes: trainer, hparams, ...)
     values = {name: getattr(data, name, None) for name, value in arguments.items() if value is None}
+    late = [name for name, value in values.items() if value is None and name in vars(data) and name not in base]
+    builds_later = model_class is not None and is_overridden("configure_model", model_class, L.LightningModule)
+    if late and not builds_later:
+        name, data_class = late[0], type(data).__name__
+        raise UsageError(
+            f"model.{name} is left to the data, but {data_class}.{name} is still None when the model is built (a "
+            f"value set in setup(), which runs later): set self.{name} in {data_class}.__init__, give "
+            f"--model.{name}, or build the layers that need it in the model's configure_model(), which Lightning "
+            f"calls after setup()"
+        )
     return {name: value for name, value in values.items() if value is not None and not name.startswith("_")}
