@@ -7,6 +7,7 @@ does, put back here with sitecustomize in the kit's child processes)."""
 import importlib.util
 
 import pytest
+import yaml
 from conftest import STAND_IN, subprocess_env
 
 from template_package.engine.guarantees import GuaranteeKit
@@ -149,3 +150,35 @@ def test_a_stream_without_kit_options_is_refused_naming_them(tmp_path):
     with pytest.raises(AssertionError, match=r"the train loader reads a stream, and the kit's 6-batch epochs would "
                                              r"give it a length.*class attribute kit_options"):  # fmt: skip
         kit.check_repeatable()
+
+
+def fine_tuning_task(tmp_path) -> list[str]:
+    """finetune_task.FineTuned with Lightning's BackboneFinetuning unfreezing at epoch 1: the kit's stop after the
+    first epoch's end comes before the unfreeze, its mid-epoch one after it."""
+    from finetune_task import save_pretrained
+
+    config = tmp_path / "finetuning.yaml"
+    callback = {"class_path": "lightning.pytorch.callbacks.BackboneFinetuning",
+                "init_args": {"unfreeze_backbone_at_epoch": 1}}  # fmt: skip
+    config.write_text(yaml.safe_dump({"trainer": {"callbacks+": [callback]}}))
+    weights = save_pretrained(tmp_path / "backbone.pt")
+    return ["--model=finetune_task.FineTuned", f"--model.backbone_path={weights}", "-c", str(config)]
+
+
+def test_a_fine_tuning_run_with_backbone_finetuning_passes_the_resume_check(tmp_path):
+    kit_on(tmp_path, *fine_tuning_task(tmp_path)).check_exact_resume()
+
+
+FROZEN_AGAIN = """
+import template_package.engine.resume.trained_state as trained_state
+
+trained_state.put_back = lambda module, saved: None
+"""
+
+
+def test_a_backbone_left_frozen_on_resume_fails_the_resume_check_naming_the_frozen_parameters(tmp_path):
+    """The negative control: without the engine's put back, the resumed run's backbone stays frozen."""
+    kit = kit_on(tmp_path, *fine_tuning_task(tmp_path), env=controls(tmp_path, FROZEN_AGAIN))
+    stopped = r"a run SIGKILLed mid-epoch after a checkpoint \(after 10 training steps\) and resumed differs"
+    with pytest.raises(AssertionError, match=stopped + ".*Likely cause: parameters frozen in one run and trainable"):
+        kit.check_exact_resume()

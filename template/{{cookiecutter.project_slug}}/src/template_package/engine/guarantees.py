@@ -59,8 +59,8 @@ SETTINGS = [
 SHORT_EPOCHS = "--trainer.limit_train_batches=6"  # for data without `kit_options`
 STREAM_LENGTH = "--trainer.max_steps=1000"  # for data with them: a schedule's length (2 epochs end the runs first)
 # What the final checkpoints must hold alike (EMA's weights and the trained ones too).
-COMPARED = ("state_dict", "optimizer_states", "lr_schedulers", "global_step", "epoch", "training_steps",
-            "rng_states", "current_model_state", "averaging_state")  # fmt: skip
+COMPARED = ("trained_state", "state_dict", "optimizer_states", "lr_schedulers", "global_step", "epoch",
+            "training_steps", "rng_states", "current_model_state", "averaging_state")  # fmt: skip
 STATE = (
     "a random generator the dataset or model keeps for itself (draw from torch's, random's or numpy's global "
     "generators instead, which the engine seeds for each sample, or from np.random.default_rng(sample_seed())), "
@@ -82,6 +82,16 @@ CAUSES = {
     "several": f"state lost only when a run is stopped more than once: {STATE}",
     "workers": "random draws in loader workers from a generator the dataset keeps, or from each worker's own seed: "
     "draw from torch's, random's or numpy's global generators (seeded per sample) or from sample_seed()",
+}
+# What set training up differently (resume/trained_state.py), named before the generic causes.
+TRAINED_STATE_CAUSES = {
+    "requires_grad": "parameters frozen in one run and trainable in the other (a callback that freezes or unfreezes "
+    "them in a hook the resumed run does not repeat)",
+    "param_groups": "a param group's settings or members (an LR, a weight decay, parameters added to it) set "
+    "differently by a hook on a restart",
+    "track_running_stats": "BatchNorm's running statistics switched on or off by a callback (BaseFinetuning's "
+    "train_bn=False)",
+    "modes": "a submodule in train mode in one run and eval mode in the other (set by a hook)",
 }
 # For a stream (engine/data/streams.py), what breaks a resume from a checkpoint of each kind, before the rest.
 STREAM_ORDER = (
@@ -320,6 +330,9 @@ class GuaranteeKit:
         likely = CAUSES[cause]
         if cause in STREAM_CAUSES and self.reads_a_stream():
             likely = f"{STREAM_CAUSES[cause]}; or {likely}"
+        trained = [key for key in TRAINED_STATE_CAUSES if any(f"trained_state.{key}" in line for line in found)]
+        if trained:
+            likely = f"{TRAINED_STATE_CAUSES[trained[0]]}; or {likely}"
         raise AssertionError(f"{what}: {'; '.join(found)}. Likely cause: {likely}{said}")
 
 
@@ -412,7 +425,7 @@ def first_difference(a, b, where: str) -> str | None:
 
 def main(argv: list[str] | None = None) -> None:
     """`python -m <package> guarantees [--folder DIR] [fit options]`: the kit on the classes the config and the fit
-    options name, from the current folder; exits 1 with the first failure."""
+    options name, from the current folder; runs every check and exits 1 if one failed."""
     parser = argparse.ArgumentParser(
         prog=f"{program()} guarantees", description=__doc__.split("\n\n")[0],
         epilog="Every other option is a fit option, given to every run of the kit: --model a.b.C --data a.b.D, "
@@ -425,7 +438,8 @@ def main(argv: list[str] | None = None) -> None:
         checks = [("repeatable", kit.check_repeatable, None), ("exact resume", kit.check_exact_resume, None)]
         if kit.takes_num_workers():
             checks.append(("0 and 2 loader workers agree", kit.check_workers_agree, kit.why_workers_not_compared))
-        for name, check, why_not in checks:
+        failed = False
+        for name, check, why_not in checks:  # every check, even after one failed
             skipped = why_not() if why_not is not None else None
             if skipped:  # (a stream)
                 print(f"skipped: {name}: {skipped}")
@@ -434,8 +448,11 @@ def main(argv: list[str] | None = None) -> None:
                 check()
             except KitRunFailed as failure:
                 print(f"FAILED: {failure}", file=sys.stderr)
-                raise SystemExit(1) from None
+                failed = True
             except AssertionError as failure:
                 print(f"FAILED {name}: {failure}", file=sys.stderr)
-                raise SystemExit(1) from None
-            print(f"passed: {name}")
+                failed = True
+            else:
+                print(f"passed: {name}")
+        if failed:
+            raise SystemExit(1)
