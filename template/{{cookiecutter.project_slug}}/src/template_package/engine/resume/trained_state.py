@@ -6,11 +6,13 @@ backbone again in `setup` on every run and unfreezes it only at the start of its
 start would train on with a frozen backbone. So each checkpoint records which parameters train (`requires_grad`),
 each param group's settings and members by parameter name, BatchNorm's `track_running_stats` (which BaseFinetuning
 switches with `train_bn=False`), each submodule's train/eval mode at the last training step (a save during validation
-sees eval mode), and every callback's state. When a run resumes, after every restore hook (the module's, Lightning's,
-each callback's) and before its first step, `TrainedState` puts back what it can (trainable flags, BatchNorm's flag,
-modes) and stops on any other difference in one line naming it and both values. Not compared, as they do not decide
-training: a checkpoint writer's state (paths and scores) and Timer's elapsed time. `--allow_change callbacks.<Name>`
-lets a callback's state differ. Depends on torch and lightning.
+sees eval mode), and every callback's state (compared in a run resumed mid-epoch only: one resumed at an epoch's
+start runs the epoch-start hooks the uninterrupted run ran, where a callback may restore itself, as
+StochasticWeightAveraging does; a run resumed mid-epoch skips them). When a run resumes, after every restore hook
+(the module's, Lightning's, each callback's) and before its first step, `TrainedState` puts back what it can
+(trainable flags, BatchNorm's flag, modes) and stops on any other difference in one line naming it and both values.
+Not compared, as they do not decide training: a checkpoint writer's state (paths and scores) and Timer's elapsed
+time. `--allow_change callbacks.<Name>` lets a callback's state differ. Depends on torch and lightning.
 """
 
 import lightning as L
@@ -67,7 +69,9 @@ class TrainedState(Callback):
         checkpoint[KEY] = observed(pl_module, trainer.optimizers, modes)
 
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
-        self._saved = {"state": checkpoint.get(KEY), "callbacks": checkpoint.get("callbacks", {})}
+        epochs = checkpoint["loops"]["fit_loop"]["epoch_progress"]["current"]
+        mid_epoch = epochs["started"] > epochs["processed"]  # (else it goes on at the next epoch's start)
+        self._saved = {"state": checkpoint.get(KEY), "callbacks": checkpoint.get("callbacks", {}) if mid_epoch else {}}
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         saved, self._saved = self._saved, None
@@ -121,10 +125,17 @@ def check_callbacks(callbacks: list[Callback], saved: dict, allowed: list[str]) 
         for key in sorted(live.keys() | kept.keys(), key=str):
             if key not in NOT_COMPARED.get(name, ()) and not same(live.get(key), kept.get(key)):
                 raise UsageError(
-                    f"callback {name}'s state {key} is {live.get(key)!r} in the resumed run and {kept.get(key)!r} in "
-                    f"the checkpoint, before the first step: a hook that runs on a restart changed it, so the run "
-                    f"would not go on as it was; fix the callback, or add --allow_change callbacks.{name} to go on"
+                    f"callback {name}'s state {key} is {shown(live.get(key))} in the resumed run and "
+                    f"{shown(kept.get(key))} in the checkpoint, before the first step: it did not restore it, or a "
+                    f"hook that runs on a restart changed it (a callback that restores in on_train_epoch_start, which "
+                    f"a run resumed mid-epoch skips, resumes from a checkpoint of an epoch's end: last_checkpoint."
+                    f"every_n_steps=0); fix the callback, or add --allow_change callbacks.{name} to go on anyway"
                 )
+
+
+def shown(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:57]}..."
 
 
 def same(a, b) -> bool:

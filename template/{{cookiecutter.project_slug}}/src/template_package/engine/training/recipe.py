@@ -17,8 +17,11 @@ A subclass that overrides one of the hooks below and still wants the recipe call
 lightning and schedulers.py and the engine's errors.py.
 """
 
+import math
+
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import GradientAccumulationScheduler
 from lightning.pytorch.core.optimizer import LightningOptimizer
 from lightning.pytorch.plugins.precision import MixedPrecision, Precision
 from torch import Tensor, nn
@@ -115,6 +118,7 @@ def set_schedule_lengths(trainer: L.Trainer) -> None:
         if schedule.total_steps is not None:
             continue
         total_steps = trainer.estimated_stepping_batches  # max_steps, or epochs x ceil(batches / accumulation)
+        total_steps = min(total_steps, scheduled_accumulation_steps(trainer))
         if trainer.num_training_batches == float("inf") and trainer.max_steps == -1:
             raise UsageError(
                 "the warmup-cosine schedule needs the run's length in optimizer steps, which a train loader without a "
@@ -129,6 +133,17 @@ def set_schedule_lengths(trainer: L.Trainer) -> None:
             schedule.set_total_steps(int(total_steps))
         except ValueError as mistake:  # a warmup longer than the run
             raise UsageError(str(mistake)) from None
+
+
+def scheduled_accumulation_steps(trainer: L.Trainer) -> float:
+    """The optimizer steps of the run under Lightning's GradientAccumulationScheduler, which changes the accumulation
+    per epoch (Lightning's estimate counts the first epoch's for every epoch); inf without one."""
+    scheduler = next((c for c in trainer.callbacks if isinstance(c, GradientAccumulationScheduler)), None)
+    batches, epochs = trainer.num_training_batches, trainer.max_epochs
+    if scheduler is None or batches == float("inf") or epochs in (None, -1):
+        return float("inf")
+    steps = sum(math.ceil(batches / scheduler.get_accumulate_grad_batches(epoch)) for epoch in range(epochs))
+    return steps if trainer.max_steps == -1 else min(steps, trainer.max_steps)
 
 
 class TrainingRecipe(L.LightningModule):

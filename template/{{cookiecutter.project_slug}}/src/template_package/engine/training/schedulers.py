@@ -97,7 +97,7 @@ class WarmupCosineSchedule(LRScheduler):
             lr = written.get(group.get(LR_GROUP, index))
             if lr is not None:
                 group["lr"] = lr
-                group["initial_lr"] = self.base_lrs[index] = lr / factor if factor else lr
+                self.base_lrs[index] = lr / factor if factor else lr
         self._last_lr = [group["lr"] for group in groups]
 
     def _factor(self, step: int) -> float:
