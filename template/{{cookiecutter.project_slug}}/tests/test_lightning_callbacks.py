@@ -75,3 +75,18 @@ def test_swa_resumed_mid_epoch_after_its_start_stops_in_one_line(tmp_path, tmp_p
     assert str(stop.value.code).startswith(
         "error: callback StochasticWeightAveraging's state n_averaged is 0 in the resumed run and 2 in the checkpoint"
     ), stop.value.code
+
+
+def test_model_pruning_resumed_stops_in_one_line_naming_the_parameter(tmp_path, tmp_path_factory):
+    """ModelPruning reparametrizes each weight (weight_orig and a mask) and saves the pruned weights without the masks:
+    a resumed model trains other parameters. The engine's check refuses it before the first step."""
+    args = task(tmp_path_factory.getbasetemp(), "ModelPruning", {"pruning_fn": "l1_unstructured", "amount": 0.2})
+    run_dir = tmp_path / "run"
+    process = start_fit(run_dir, "-c", freeze_config(tmp_path, hook="on_train_batch_end", step=16), *args)
+    kill_when_frozen(process, tmp_path / "frozen")
+    with pytest.raises(SystemExit) as stop:
+        resume_fit(run_dir, *args)
+    assert str(stop.value.code).startswith(
+        "error: the resumed run does not train the parameters the checkpoint did: optimizer 0's param group 0 holds "
+        "'net.0.weight' where the checkpoint's held 'net.0.weight_orig'"
+    ), stop.value.code

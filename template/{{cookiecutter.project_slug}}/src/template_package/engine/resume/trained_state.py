@@ -113,6 +113,12 @@ def check_groups(optimizers: list, saved: list[list[dict]], module: nn.Module) -
                         live_value, saved_value = next(
                             (a, b) for a, b in zip([*live_value, None], [*saved_value, None], strict=False) if a != b
                         )
+                        raise UsageError(
+                            f"the resumed run does not train the parameters the checkpoint did: {where} holds "
+                            f"{live_value!r} where the checkpoint's held {saved_value!r} (a reparametrization no "
+                            "checkpoint keeps, as ModelPruning's masks, or a hook that changed the groups on a "
+                            "restart); start a new run"
+                        )
                     stop(f"{where} has {key} {live_value!r} and the checkpoint {saved_value!r}")
 
 
