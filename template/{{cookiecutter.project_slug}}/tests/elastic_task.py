@@ -29,6 +29,33 @@ class IndexedStandIn(StandInClassifier):
         return self.step_loss
 
 
+class PlainIndexed(L.LightningModule):
+    """The stand-in's network as a plain LightningModule: plain AdamW, no schedule, Lightning's own clipping (the
+    engine's default, by norm at 1.0), and on_before_optimizer_step counting the steps it acts on."""
+
+    def __init__(self, num_classes: int | None = None, in_channels: int | None = None, lr: float = 3e-3) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.net = stand_in_net(num_classes, in_channels, dropout=0.0, batch_norm=False)
+        self.clipped_steps = 0
+
+    def training_step(self, batch, batch_idx: int) -> Tensor:
+        images, targets, _ = batch
+        self.step_loss = F.cross_entropy(self.net(images), targets)
+        return self.step_loss
+
+    def on_before_optimizer_step(self, optimizer) -> None:
+        norm = torch.nn.utils.get_total_norm([p.grad for p in self.parameters()])
+        self.clipped_steps += bool(norm > self.trainer.gradient_clip_val)
+
+    def on_train_end(self) -> None:
+        if self.trainer.is_global_zero:
+            print(f"clipped steps: {self.clipped_steps}")
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=self.hparams.lr)
+
+
 class IndexedStandInData(StandInData):
     """The stand-in's data, each training sample with its index."""
 

@@ -258,3 +258,24 @@ def test_a_resume_on_another_number_of_processes_that_cannot_go_on_costs_one_lin
     saved = f"error: --ckpt_path {last} was saved by 2 processes"
     assert str(stop.value.code) == f"{saved} and this run has {devices}{says}"
     assert files() == before
+
+
+@pytest.mark.slow
+def test_a_plain_module_with_clipping_acting_moved_from_two_processes_to_one_ends_as_its_two_process_run(tmp_path):
+    """A plain LightningModule (AdamW, Lightning's clipping by norm at 1.0, acting on most steps), killed on 2
+    processes and resumed on 1: its weights within TOLERANCE of the 2-process run that never stopped, as with
+    clipping off (a clip of a partial gradient or of each micro-batch would differ by far more)."""
+    plain = [*TASK, "--model=elastic_task.PlainIndexed"]
+    reference = tmp_path / "reference"
+    process = start_fit(reference, *plain, *ON_2)
+    out, err = process.communicate(timeout=300)
+    assert process.returncode == 0, err[-3000:]
+    clipped = int(out.split("clipped steps: ")[1].split()[0])
+    assert clipped > STEPS // 2, clipped  # clipping acts on most steps
+    run_dir, _ = killed_run(tmp_path, plain + ON_2)
+    resume(run_dir, *plain, "--data.batch_size=32", "--allow_change=world_size")
+    ref, got = (torch.load(d / "checkpoints" / "last.ckpt", weights_only=True) for d in (reference, run_dir))
+    assert got["global_step"] == ref["global_step"] == STEPS and got["batch_layout"]["world_size"] == 1
+    for name, weight in ref["state_dict"].items():
+        difference = (got["state_dict"][name] - weight).abs().max().item()
+        assert difference < TOLERANCE, f"{name} differs by {difference}"

@@ -1,12 +1,12 @@
 """`last.ckpt`: the state a preempted or crashed run resumes from, what Lightning's own callbacks do not keep.
 
-`LastCheckpoint` keeps `last.ckpt` at most `every_n_steps` optimizer steps behind training, writes the state of every
-epoch that has fully ended, the final state once training ends, and the state at a stop signal (SIGTERM, SIGUSR1,
-Ctrl-C; see stop_signals.py). Lightning's `ModelCheckpoint(save_last=True)` with a monitored top-k rewrites it only
-when a new top-k file is written. This one writes atomically (durable.py: temporary file, fsync, rename), so a kill, a
-crash or a full disk at any instant leaves a loadable `last.ckpt`, and only once every step before the checkpoint's
-is logged. Training pays only for a copy of the state: serialisation, fsyncs and the rename run in a background
-thread.
+`LastCheckpoint` keeps `last.ckpt` at most `every_n_steps` optimizer steps behind training (or writes the state of
+every epoch that has fully ended, with `every_n_steps=0`), the final state once training ends, and the state at a
+stop signal (SIGTERM, SIGUSR1, Ctrl-C; see stop_signals.py). Lightning's `ModelCheckpoint(save_last=True)` with a
+monitored top-k rewrites it only when a new top-k file is written. This one writes atomically (durable.py: temporary
+file, fsync, rename), so a kill, a crash or a full disk at any instant leaves a loadable `last.ckpt`, and only once
+every step before the checkpoint's is logged. Training pays only for a copy of the state: serialisation, fsyncs
+and the rename run in a background thread.
 
 Depends on torch, lightning and the engine's durable.py, finished_epochs.py, stop_signals.py and errors.py.
 """

@@ -26,7 +26,7 @@ from typing import Any
 import lightning as L
 import torch
 import torch.distributed as dist
-from lightning.pytorch.callbacks import WeightAveraging
+from lightning.pytorch.callbacks import BaseFinetuning, WeightAveraging
 from lightning.pytorch.plugins.precision import MixedPrecision
 from lightning.pytorch.strategies import ModelParallelStrategy
 from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
@@ -125,6 +125,13 @@ class ShardedStrategy(ModelParallelStrategy):
         self._checkpoint_group = dist.new_group(backend="gloo", timeout=timedelta(seconds=self.save_timeout))
 
     def setup(self, trainer: L.Trainer) -> None:
+        finetuning = [type(c).__name__ for c in trainer.callbacks if isinstance(c, BaseFinetuning)]
+        if finetuning:  # (it maps the optimizer's parameters to names by identity; sharding replaces them)
+            raise UsageError(
+                f"{finetuning[0]} does not work under sharded training (configs/fsdp.yaml): Lightning's BaseFinetuning "
+                "finds the optimizer's parameters by identity, which sharding replaces; fine-tune with DDP "
+                "(--trainer.strategy ddp)"
+            )
         module = self.lightning_module
         if not is_overridden("configure_model", module):
             # The engine's rule stands in for the module's configure_model (Lightning refuses a module without one).
