@@ -261,7 +261,9 @@ def test_a_resume_on_another_number_of_processes_that_cannot_go_on_costs_one_lin
 
 
 @pytest.mark.slow
-def test_a_plain_module_with_clipping_acting_moved_from_two_processes_to_one_ends_as_its_two_process_run(tmp_path):
+def test_a_plain_module_with_clipping_acting_moved_from_two_processes_to_one_ends_as_its_two_process_run(
+    tmp_path, capsys
+):
     """A plain LightningModule (AdamW, Lightning's clipping by norm at 1.0, acting on most steps), killed on 2
     processes and resumed on 1: its weights within TOLERANCE of the 2-process run that never stopped, as with
     clipping off (a clip of a partial gradient or of each micro-batch would differ by far more)."""
@@ -273,9 +275,35 @@ def test_a_plain_module_with_clipping_acting_moved_from_two_processes_to_one_end
     clipped = int(out.split("clipped steps: ")[1].split()[0])
     assert clipped > STEPS // 2, clipped  # clipping acts on most steps
     run_dir, _ = killed_run(tmp_path, plain + ON_2)
+    capsys.readouterr()
     resume(run_dir, *plain, "--data.batch_size=32", "--allow_change=world_size")
+    assert "notice: this run moved" not in capsys.readouterr().err  # no draws, no BatchNorm: nothing to say
     ref, got = (torch.load(d / "checkpoints" / "last.ckpt", weights_only=True) for d in (reference, run_dir))
     assert got["global_step"] == ref["global_step"] == STEPS and got["batch_layout"]["world_size"] == 1
     for name, weight in ref["state_dict"].items():
         difference = (got["state_dict"][name] - weight).abs().max().item()
         assert difference < TOLERANCE, f"{name} differs by {difference}"
+
+
+@pytest.mark.slow
+def test_a_move_with_dropout_and_batch_norm_says_so_in_its_notices(tmp_path, capsys):
+    """The stand-in with BatchNorm and dropout moved from 2 processes to 1: the first resumed step draws dropout's
+    random numbers, and BatchNorm's statistics are per device; each is said once before the run goes on."""
+    task = [*TASK, "--model=stand_in.StandInClassifier", "--model.dropout=0.1", "--data=stand_in.StandInData"]
+    run_dir = tmp_path / "run"
+    frozen = {"marker": str(tmp_path / "frozen"), "hook": "on_train_batch_end", "step": 7}
+    freeze = {"class_path": "kill_points.FreezeAt", "init_args": frozen}
+    process = start_fit(run_dir, *task, *ON_2, "-c", extra_config(tmp_path / "freeze.yaml", [freeze]),
+                        "--last_checkpoint.every_n_steps=5")  # fmt: skip
+    kill_when_frozen(process, tmp_path / "frozen")
+    capsys.readouterr()
+    resume(run_dir, *task, "--data.batch_size=32", "--allow_change=world_size", "--trainer.max_steps=8")
+    notices = [line for line in capsys.readouterr().err.splitlines() if line.startswith("notice: this run moved")]
+    assert notices == [
+        "notice: this run moved from 2 to 1 processes and goes on inexactly: the model's BatchNorm layers (net.1, "
+        "net.4) compute their statistics per device and per batch, which another layout changes, so from here it "
+        "differs from the run that never moved",
+        "notice: this run moved from 2 to 1 processes and goes on inexactly: its first step drew random numbers from "
+        "torch's generators (dropout, say), and each process draws its own, so from here it differs from the run that "
+        "never moved",
+    ]

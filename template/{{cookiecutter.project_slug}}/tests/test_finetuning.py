@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import QUICK, cli, resume, scalars
+from conftest import PROJECT_ROOT, QUICK, cli, resume, scalars
 from finetune_task import save_pretrained
 from test_resume import (
     assert_same_run,
@@ -178,4 +178,18 @@ def test_lr_scale_and_backbone_finetunings_ratio_together_are_refused_in_one_lin
     assert str(stop.value.code) == (
         "error: model.lr_scale sets the backbone's LR and so does BackboneFinetuning's backbone_initial_ratio_lr: "
         "keep one (drop 'backbone' from model.lr_scale, or the callback)"
+    )
+
+
+@pytest.mark.slow
+def test_backbone_finetuning_under_sharded_training_is_refused_in_one_line(tmp_path, pretrained):
+    fsdp = ["-c", str(PROJECT_ROOT / "configs" / "fsdp.yaml"), "--trainer.accelerator=cpu", "--trainer.devices=2",
+            "--trainer.precision=32-true"]  # fmt: skip
+    process = start_fit(tmp_path / "run", *task(tmp_path, pretrained, finetuning()), *fsdp)
+    _, err = process.communicate(timeout=300)
+    assert process.returncode == 1
+    assert err.strip().splitlines()[-1] == (
+        "error: BackboneFinetuning does not work under sharded training (configs/fsdp.yaml): Lightning's "
+        "BaseFinetuning finds the optimizer's parameters by identity, which sharding replaces; fine-tune with DDP "
+        "(--trainer.strategy ddp)"
     )

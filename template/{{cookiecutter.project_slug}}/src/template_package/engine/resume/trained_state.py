@@ -12,8 +12,12 @@ StochasticWeightAveraging does; a run resumed mid-epoch skips them). When a run 
 (the module's, Lightning's, each callback's) and before its first step, `TrainedState` puts back what it can
 (trainable flags, BatchNorm's flag, modes) and stops on any other difference in one line naming it and both values.
 Not compared, as they do not decide training: a checkpoint writer's state (paths and scores) and Timer's elapsed
-time. `--allow_change callbacks.<Name>` lets a callback's state differ. Depends on torch and lightning.
+time. `--allow_change callbacks.<Name>` lets a callback's state differ. A run resumed on another number of processes
+(`--allow_change world_size`) says in a notice when it cannot be exact: its first step drew from torch's generators
+(dropout), or BatchNorm layers compute per-device statistics. Depends on torch and lightning.
 """
+
+import sys
 
 import lightning as L
 import torch
@@ -26,10 +30,11 @@ KEY = "trained_state"  # in a checkpoint: what `observed` saw when it was taken
 NOT_COMPARED = {"Timer": {"time_elapsed"}}  # a callback's keys that do not decide training (and every Checkpoint's)
 
 
-def observed(module: nn.Module, optimizers: list, modes: dict[str, bool]) -> dict:
+def observed(module: nn.Module, optimizers: list, modes: dict[str, bool], world_size: int = 1) -> dict:
     """What decides the next step, as a checkpoint records it (`modes`: each submodule's, at the last step)."""
     names = {id(param): name for name, param in module.named_parameters()}
     return {
+        "world_size": world_size,
         "requires_grad": {name: param.requires_grad for name, param in module.named_parameters()},
         "track_running_stats": {
             name: sub.track_running_stats
@@ -44,6 +49,13 @@ def observed(module: nn.Module, optimizers: list, modes: dict[str, bool]) -> dic
     }
 
 
+PER_DEVICE_NORMS = {f"{lazy}BatchNorm{n}d" for lazy in ("", "Lazy") for n in (1, 2, 3)}  # (not SyncBatchNorm)
+
+
+def generator_states() -> list:
+    return [torch.get_rng_state(), *(torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else [])]
+
+
 def modes_of(module: nn.Module) -> dict[str, bool]:
     return {name: sub.training for name, sub in module.named_modules()}
 
@@ -56,22 +68,22 @@ class TrainedState(Callback):
         self.allowed: list[str] = []
         self._modes: dict[str, bool] | None = None
         self._saved: dict | None = None
-
-    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int) -> None:
-        if self._modes is None:  # once a fit: what a step trains with changes where a hook changes it
-            self._modes = modes_of(pl_module)
+        self._moved_from: int | None = None  # the checkpoint's number of processes, when this run has another
+        self._generators: list | None = None  # torch's generator states before the first step after a move
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._modes = None  # (taken again at the epoch's first step: after every epoch-start hook)
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
         modes = self._modes if self._modes is not None else modes_of(pl_module)
-        checkpoint[KEY] = observed(pl_module, trainer.optimizers, modes)
+        checkpoint[KEY] = observed(pl_module, trainer.optimizers, modes, trainer.world_size)
 
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
         epochs = checkpoint["loops"]["fit_loop"]["epoch_progress"]["current"]
         mid_epoch = epochs["started"] > epochs["processed"]  # (else it goes on at the next epoch's start)
         self._saved = {"state": checkpoint.get(KEY), "callbacks": checkpoint.get("callbacks", {}) if mid_epoch else {}}
+        saved_world_size = (checkpoint.get(KEY) or {}).get("world_size", trainer.world_size)
+        self._moved_from = saved_world_size if saved_world_size != trainer.world_size else None
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         saved, self._saved = self._saved, None
@@ -81,6 +93,32 @@ class TrainedState(Callback):
             put_back(pl_module, saved["state"])
             check_groups(trainer.optimizers, saved["state"]["param_groups"], pl_module)
         check_callbacks(trainer.callbacks, saved["callbacks"], self.allowed)
+        if self._moved_from is not None:
+            unsynced = [name for name, sub in pl_module.named_modules() if type(sub).__name__ in PER_DEVICE_NORMS]
+            if unsynced:
+                self._notice(trainer, f"the model's BatchNorm layers ({', '.join(unsynced[:3])}) compute their "
+                             "statistics per device and per batch, which another layout changes")  # fmt: skip
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int) -> None:
+        if self._modes is None:  # once a fit: what a step trains with changes where a hook changes it
+            self._modes = modes_of(pl_module)
+        if self._moved_from is not None and self._generators is None:
+            self._generators = generator_states()
+
+    def on_before_backward(self, trainer: L.Trainer, pl_module: L.LightningModule, loss) -> None:
+        if self._moved_from is None or self._generators is None:
+            return
+        drew = any(not torch.equal(a, b) for a, b in zip(self._generators, generator_states(), strict=True))
+        if drew:
+            self._notice(trainer, "its first step drew random numbers from torch's generators (dropout, say), and "
+                         "each process draws its own")  # fmt: skip
+        self._moved_from = None  # (the first resumed step only)
+
+    def _notice(self, trainer: L.Trainer, why: str) -> None:
+        if trainer.is_global_zero:
+            moved = f"{self._moved_from} to {trainer.world_size} processes"
+            print(f"notice: this run moved from {moved} and goes on inexactly: {why}, so from here it differs from "
+                  "the run that never moved", file=sys.stderr)  # fmt: skip
 
 
 def put_back(module: nn.Module, saved: dict) -> None:
