@@ -152,21 +152,30 @@ def test_a_stream_without_kit_options_is_refused_naming_them(tmp_path):
         kit.check_repeatable()
 
 
-def fine_tuning_task(tmp_path) -> list[str]:
+def fine_tuning_task(tmp_path, unfreeze: int = 1) -> list[str]:
     """finetune_task.FineTuned with Lightning's BackboneFinetuning unfreezing at epoch 1: the kit's stop after the
     first epoch's end comes before the unfreeze, its mid-epoch one after it."""
     from finetune_task import save_pretrained
 
     config = tmp_path / "finetuning.yaml"
     callback = {"class_path": "lightning.pytorch.callbacks.BackboneFinetuning",
-                "init_args": {"unfreeze_backbone_at_epoch": 1}}  # fmt: skip
+                "init_args": {"unfreeze_backbone_at_epoch": unfreeze}}  # fmt: skip
     config.write_text(yaml.safe_dump({"trainer": {"callbacks+": [callback]}}))
     weights = save_pretrained(tmp_path / "backbone.pt")
     return ["--model=finetune_task.FineTuned", f"--model.backbone_path={weights}", "-c", str(config)]
 
 
 def test_a_fine_tuning_run_with_backbone_finetuning_passes_the_resume_check(tmp_path):
-    kit_on(tmp_path, *fine_tuning_task(tmp_path)).check_exact_resume()
+    kit = kit_on(tmp_path, *fine_tuning_task(tmp_path))
+    kit.check_exact_resume()
+    assert kit.uncovered() == []
+
+
+def test_an_unfreeze_the_kits_runs_do_not_reach_is_said(tmp_path):
+    assert kit_on(tmp_path, *fine_tuning_task(tmp_path, unfreeze=3)).uncovered() == [
+        "BackboneFinetuning unfreezes at epoch 3: the kit's 2-epoch runs stop before and after epoch 1's start; give "
+        "it unfreeze_backbone_at_epoch 1 (-c a preset) to check the unfreeze"
+    ]
 
 
 FROZEN_AGAIN = """
