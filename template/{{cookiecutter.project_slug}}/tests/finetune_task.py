@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.callbacks import BaseFinetuning, Callback
 from torch import Tensor, nn
 from torchmetrics.classification import MulticlassAccuracy
 
@@ -75,3 +75,19 @@ class DoubleLrOnRestart(Callback):
     def on_train_start(self, trainer, pl_module) -> None:
         if trainer.ckpt_path:
             trainer.optimizers[0].param_groups[0]["lr"] *= 2
+
+
+class EncoderFinetuning(BaseFinetuning):
+    """A BaseFinetuning of a user's own: the backbone's encoder frozen, then unfrozen at `epoch` at the head's rate
+    / 10 (unfreeze_and_add_param_group's default)."""
+
+    def __init__(self, epoch: int = 1) -> None:
+        super().__init__()
+        self.epoch = epoch
+
+    def freeze_before_training(self, pl_module) -> None:
+        self.freeze(pl_module.backbone.encoder)
+
+    def finetune_function(self, pl_module, current_epoch: int, optimizer) -> None:
+        if current_epoch == self.epoch:
+            self.unfreeze_and_add_param_group(pl_module.backbone.encoder, optimizer)

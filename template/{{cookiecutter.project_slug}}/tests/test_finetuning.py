@@ -98,6 +98,19 @@ def test_a_fine_tuning_run_killed_and_resumed_is_bit_identical(tmp_path, tmp_pat
 
 
 @pytest.mark.slow
+def test_a_base_finetuning_of_a_users_own_killed_after_its_unfreeze_resumes_bit_identical(
+    tmp_path, tmp_path_factory, pretrained
+):
+    args = task(tmp_path_factory.getbasetemp(), pretrained, {"class_path": "finetune_task.EncoderFinetuning"})
+    reference = reference_run(tmp_path_factory, args)
+    run_dir = killed_run(tmp_path, args, *KILLS["mid_epoch_after_the_unfreeze"])
+    resume_fit(run_dir, *args)
+    assert_same_run(reference, run_dir)
+    groups = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["optimizer_states"][0]
+    assert [group.get("name") for group in groups["param_groups"]][-2:] == ["backbone", "backbone.no_decay"]
+
+
+@pytest.mark.slow
 def test_without_train_bn_and_without_the_put_back_a_resumed_run_differs(
     tmp_path, tmp_path_factory, pretrained_with_batch_norm, monkeypatch
 ):

@@ -36,10 +36,15 @@ def test_a_run_with_lightnings_callback_killed_after_it_acted_resumes_bit_identi
     run_dir = tmp_path / "run"
     process = start_fit(run_dir, "-c", freeze_config(tmp_path, hook="on_train_batch_end", step=16), *args)
     kill_when_frozen(process, tmp_path / "frozen")
-    assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 15
+    killed = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
+    assert killed["global_step"] == 15
     resume_fit(run_dir, *args)
     assert_same_run(reference, run_dir)
     final = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
+    if name == "Timer":  # the elapsed time restored and counted on (the resumed run is shorter than the killed one)
+        timer = next(key for key in final["callbacks"] if key.startswith("Timer"))
+        elapsed = [c["callbacks"][timer]["time_elapsed"]["train"] for c in (killed, final)]
+        assert elapsed[1] > elapsed[0] > 0, elapsed
     if name == "EarlyStopping":  # (it stopped the run: both at the same step)
         assert final["global_step"] == 18
     if name == "GradientAccumulationScheduler":  # 2 epochs of 6 steps, 2 of 3; the schedule's length is theirs
