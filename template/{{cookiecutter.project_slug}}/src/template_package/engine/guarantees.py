@@ -32,6 +32,7 @@ import inspect
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -344,7 +345,9 @@ class GuaranteeKit:
         likely = CAUSES[cause]
         if cause in STREAM_CAUSES and self.reads_a_stream():
             likely = f"{STREAM_CAUSES[cause]}; or {likely}"
-        trained = [key for key in TRAINED_STATE_CAUSES if any(f"trained_state.{key}" in line for line in found)]
+        # (a group's LR that differs follows from another difference, a schedule's: not named as a cause of its own)
+        trained = [key for key in TRAINED_STATE_CAUSES for line in found if f"trained_state.{key}" in line
+                   and not re.search(r"\.(lr|initial_lr) is ", line)]  # fmt: skip
         if trained:
             likely = f"{TRAINED_STATE_CAUSES[trained[0]]}; or {likely}"
         raise AssertionError(f"{what}: {'; '.join(found)}. Likely cause: {likely}{said}")
