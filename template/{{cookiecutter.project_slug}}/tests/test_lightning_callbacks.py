@@ -72,26 +72,27 @@ def test_swa_resumed_mid_epoch_after_its_start_stops_in_one_line(tmp_path, tmp_p
     """Lightning's SWA restores its average and SWALR in on_train_epoch_start, which a run resumed mid-epoch skips:
     the resumed run would train on the recipe's schedule with no average. The engine's check stops it first."""
     args = task(tmp_path_factory.getbasetemp(), "StochasticWeightAveraging", SWA)
-    run_dir = tmp_path / "run"
-    process = start_fit(run_dir, "-c", freeze_config(tmp_path, hook="on_train_batch_end", step=16), *args)
-    kill_when_frozen(process, tmp_path / "frozen")
-    with pytest.raises(SystemExit) as stop:
-        resume_fit(run_dir, *args)
-    assert str(stop.value.code).startswith(
+    assert refused_on_resume(tmp_path, args).startswith(
         "error: callback StochasticWeightAveraging's state n_averaged is 0 in the resumed run and 2 in the checkpoint"
-    ), stop.value.code
+    )
 
 
 def test_model_pruning_resumed_stops_in_one_line_naming_the_parameter(tmp_path, tmp_path_factory):
     """ModelPruning reparametrizes each weight (weight_orig and a mask) and saves the pruned weights without the masks:
     a resumed model trains other parameters. The engine's check refuses it before the first step."""
     args = task(tmp_path_factory.getbasetemp(), "ModelPruning", {"pruning_fn": "l1_unstructured", "amount": 0.2})
+    assert refused_on_resume(tmp_path, args).startswith(
+        "error: the resumed run does not train the parameters the checkpoint did: optimizer 0's param group 0 holds "
+        "'net.0.weight' where the checkpoint's held 'net.0.weight_orig'"
+    )
+
+
+def refused_on_resume(tmp_path, args: list[str]) -> str:
+    """Kill a run with `args` at step 16, resume it, and return the one line that stopped the resumed run."""
     run_dir = tmp_path / "run"
     process = start_fit(run_dir, "-c", freeze_config(tmp_path, hook="on_train_batch_end", step=16), *args)
     kill_when_frozen(process, tmp_path / "frozen")
     with pytest.raises(SystemExit) as stop:
         resume_fit(run_dir, *args)
-    assert str(stop.value.code).startswith(
-        "error: the resumed run does not train the parameters the checkpoint did: optimizer 0's param group 0 holds "
-        "'net.0.weight' where the checkpoint's held 'net.0.weight_orig'"
-    ), stop.value.code
+    assert "\n" not in str(stop.value.code)
+    return str(stop.value.code)
