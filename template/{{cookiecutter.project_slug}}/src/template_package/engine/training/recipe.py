@@ -1,7 +1,8 @@
 """The training recipe, for any LightningModule: subclass `TrainingRecipe` instead of `LightningModule`.
 
 What it gives the subclass, with nothing more to write than `training_step` returning the loss:
-- AdamW in two parameter groups: weight matrices decay, biases and norm weights (1-D) do not;
+- AdamW in two parameter groups: weight matrices decay, biases and norm weights (1-D) do not, groups a fine-tuning
+  callback adds later too (RecipeAdamW), and a rate of its own for a submodule (`lr_scale`);
 - linear warmup then cosine (schedulers.WarmupCosineSchedule), stepped once per optimizer step, so it stays right
   for any gradient accumulation; the engine's Trainer gives it the run's length;
 - clipping by norm on unscaled gradients (under 16-mixed too, fused optimizers included), and what the training-loop
