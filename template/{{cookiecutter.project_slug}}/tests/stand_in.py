@@ -291,3 +291,17 @@ class LateHeadClassifier(StandInClassifier):
     def configure_model(self) -> None:
         if self.net is None:
             self.net = stand_in_net(self.trainer.datamodule.num_classes, 1, dropout=0.0)
+
+
+class UndeclaredClassesData(StandInData):
+    """The stand-in's data that names its number of classes only in setup(), never in __init__."""
+
+    def __init__(
+        self, batch_size: int = 64, num_workers: int = 0, augment: bool = False, stateful: bool = False
+    ) -> None:
+        super().__init__(batch_size, num_workers, augment, stateful)
+        del self.num_classes
+
+    def setup(self, stage: str) -> None:
+        super().setup(stage)
+        self.num_classes = 10

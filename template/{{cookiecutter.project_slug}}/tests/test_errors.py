@@ -187,11 +187,12 @@ def test_the_projects_own_error_type_raised_in_the_users_code_is_one_line(run_di
     assert message == f"error: UsageError raised at {when}"
 
 
-def test_a_value_the_data_sets_only_in_setup_stops_the_run_in_one_line(run_dir):
-    message = error_line("fit", f"--trainer.default_root_dir={run_dir}", *QUICK, "--data=stand_in.LateClassesData")
+@pytest.mark.parametrize("data", ["LateClassesData", "UndeclaredClassesData"])  # None in __init__, or not there
+def test_a_value_the_data_sets_only_in_setup_stops_the_run_in_one_line(run_dir, data):
+    message = error_line("fit", f"--trainer.default_root_dir={run_dir}", *QUICK, f"--data=stand_in.{data}")
     assert message == (
-        "error: model.num_classes is left to the data, but LateClassesData.num_classes is still None when the model "
-        "is built (a value set in setup(), which runs later): set self.num_classes in LateClassesData.__init__, give "
+        f"error: model.num_classes is left to the data, but {data}.num_classes is still None when the model is built "
+        f"(a value set in setup(), which runs later): set self.num_classes in {data}.__init__, give "
         "--model.num_classes, or build the layers that need it in the model's configure_model(), which Lightning "
         "calls after setup()"
     )

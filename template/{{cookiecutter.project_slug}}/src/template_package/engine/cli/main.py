@@ -8,10 +8,13 @@ contract needs: `--trainer.default_root_dir DIR` holds `DIR/checkpoints/last.ckp
 TensorBoard events, and `fit --ckpt_path last` resumes that run, or starts it when there is nothing to resume yet.
 """
 
+import ast
 import importlib
+import inspect
 import logging
 import os
 import sys
+import textwrap
 import threading
 import warnings
 from argparse import ArgumentError
@@ -407,7 +410,8 @@ def values_from_data(data: L.LightningDataModule | None, arguments: dict, model_
         return {}
     base = set(vars(L.LightningDataModule()))  # (Lightning's own attributes: trainer, hparams, ...)
     values = {name: getattr(data, name, None) for name, value in arguments.items() if value is None}
-    late = [name for name, value in values.items() if value is None and name in vars(data) and name not in base]
+    declared = (set(vars(data)) - base) | set_in_setup(type(data))
+    late = [name for name, value in values.items() if value is None and name in declared]
     builds_later = model_class is not None and is_overridden("configure_model", model_class, L.LightningModule)
     if late and not builds_later:
         name, data_class = late[0], type(data).__name__
@@ -418,3 +422,21 @@ def values_from_data(data: L.LightningDataModule | None, arguments: dict, model_
             f"calls after setup()"
         )
     return {name: value for name, value in values.items() if value is not None and not name.startswith("_")}
+
+
+def set_in_setup(data_class: type) -> set[str]:
+    """The attributes a DataModule's own setup() assigns (`self.num_classes = ...`), read from its source: a value
+    set there and nowhere before is not there yet when the model is built."""
+    if not is_overridden("setup", data_class, L.LightningDataModule):
+        return set()
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(data_class.setup)))
+    except (OSError, TypeError, SyntaxError):  # (no source: a compiled or generated class)
+        return set()
+    targets = [t for node in ast.walk(tree) if isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign)
+               for t in (node.targets if isinstance(node, ast.Assign) else [node.target])]  # fmt: skip
+    return {
+        t.attr
+        for t in targets
+        if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"
+    }
