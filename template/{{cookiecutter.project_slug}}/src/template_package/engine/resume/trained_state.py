@@ -32,7 +32,6 @@ NOT_COMPARED = {"Timer": {"time_elapsed"}}  # a callback's keys that do not deci
 
 def observed(module: nn.Module, optimizers: list, modes: dict[str, bool], world_size: int = 1) -> dict:
     """What decides the next step, as a checkpoint records it (`modes`: each submodule's, at the last step)."""
-    names = {id(param): name for name, param in module.named_parameters()}
     return {
         "world_size": world_size,
         "requires_grad": {name: param.requires_grad for name, param in module.named_parameters()},
@@ -42,11 +41,17 @@ def observed(module: nn.Module, optimizers: list, modes: dict[str, bool], world_
             if isinstance(getattr(sub, "track_running_stats", None), bool)
         },
         "modes": modes,
-        "param_groups": [
-            [{**group, "params": [names.get(id(p), "?") for p in group["params"]]} for group in optimizer.param_groups]
-            for optimizer in optimizers
-        ],
+        "param_groups": param_groups_of(module, optimizers),
     }
+
+
+def param_groups_of(module: nn.Module, optimizers: list) -> list[list[dict]]:
+    """Each optimizer's param groups, their parameters by name."""
+    names = {id(param): name for name, param in module.named_parameters()}
+    return [
+        [{**group, "params": [names.get(id(p), "?") for p in group["params"]]} for group in optimizer.param_groups]
+        for optimizer in optimizers
+    ]
 
 
 PER_DEVICE_NORMS = {f"{lazy}BatchNorm{n}d" for lazy in ("", "Lazy") for n in (1, 2, 3)}  # (not SyncBatchNorm)
@@ -100,7 +105,7 @@ class TrainedState(Callback):
                              "statistics per device and per batch, which another layout changes")  # fmt: skip
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int) -> None:
-        if self._modes is None:  # once a fit: what a step trains with changes where a hook changes it
+        if self._modes is None:  # at an epoch's first step (after its start hooks), and a resumed run's first
             self._modes = modes_of(pl_module)
         if self._moved_from is not None and self._generators is None:
             self._generators = generator_states()
@@ -136,7 +141,7 @@ def put_back(module: nn.Module, saved: dict) -> None:
 
 
 def check_groups(optimizers: list, saved: list[list[dict]], module: nn.Module) -> None:
-    live = observed(module, optimizers, {})["param_groups"]
+    live = param_groups_of(module, optimizers)
     if len(live) != len(saved):
         stop(f"the run has {len(live)} optimizers and the checkpoint {len(saved)}")
     for index, (groups, saved_groups) in enumerate(zip(live, saved, strict=True)):
