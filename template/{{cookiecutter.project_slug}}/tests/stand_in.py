@@ -147,6 +147,22 @@ class StandInData(LightningDataModule):
         return self._loader("test")
 
 
+class OwnDefaultsClassifier(StandInClassifier):
+    """Shares `dropout` with the stand-in, with a default of its own."""
+
+    def __init__(
+        self, num_classes: int | None = None, in_channels: int | None = None, dropout: float = 0.3, **recipe
+    ) -> None:
+        super().__init__(num_classes, in_channels, dropout, **recipe)
+
+
+class OwnDefaultsData(StandInData):
+    """Shares `batch_size` with the stand-in's data, with a default of its own."""
+
+    def __init__(self, batch_size: int = 16, num_workers: int = 0) -> None:
+        super().__init__(batch_size, num_workers)
+
+
 class FailingClassifier(StandInClassifier):
     """The stand-in with a user's error: `error` ("ValueError" or "UsageError") raised with a message of its own at
     `when` ("init" or "training_step")."""

@@ -156,6 +156,34 @@ def test_print_config_shows_the_resolved_defaults(capsys):
         assert line in printed
 
 
+def printed_config(capsys, *args: str) -> dict:
+    with pytest.raises(SystemExit) as stop:
+        cli("fit", *args, "--print_config", task=[])
+    assert stop.value.code in (None, 0)
+    return yaml.safe_load(capsys.readouterr().out)
+
+
+def test_a_class_switched_on_the_command_line_starts_from_its_own_defaults(capsys, tmp_path: Path):
+    """jsonargparse carries the previous class's values over for arguments of the same name (the first config's
+    dropout 0.1 and batch_size 64); the engine starts the new class from its own (0.3 and 16), and a value given
+    after the switch applies."""
+    first = tmp_path / "first.yaml"
+    first.write_text(yaml.safe_dump({
+        "model": {"class_path": "stand_in.StandInClassifier", "init_args": {"dropout": 0.1}},
+        "data": {"class_path": "stand_in.StandInData", "init_args": {"batch_size": 64}},
+    }))  # fmt: skip
+    switched = printed_config(capsys, "-c", str(first), "--model", "stand_in.OwnDefaultsClassifier",
+                              "--data=stand_in.OwnDefaultsData")  # fmt: skip
+    assert switched["model"]["init_args"]["dropout"] == 0.3 and switched["data"]["init_args"]["batch_size"] == 16
+    given = printed_config(capsys, "-c", str(first), "--model=stand_in.OwnDefaultsClassifier", "--model.dropout=0.2")
+    assert given["model"]["init_args"]["dropout"] == 0.2
+    kept = printed_config(capsys, "-c", str(first), "--model=stand_in.StandInClassifier", "--data.batch_size=8")
+    assert kept["model"]["init_args"]["dropout"] == 0.1 and kept["data"]["init_args"]["batch_size"] == 8
+    second = tmp_path / "second.yaml"
+    second.write_text(yaml.safe_dump({"model": {"class_path": "stand_in.OwnDefaultsClassifier"}}))
+    assert printed_config(capsys, "-c", str(first), "-c", str(second))["model"]["init_args"]["dropout"] == 0.3
+
+
 @pytest.mark.parametrize("preset", ["bf16.yaml", "fp16.yaml"])
 def test_mixed_precision_presets_train_on_cpu(run_dir: Path, preset: str):
     """On CPU Lightning runs both as bf16 autocast (16-mixed becomes bf16-mixed); the GPU paths run in test_gpu.py."""

@@ -53,6 +53,7 @@ from .checks import (
 )
 from .help import TOOL_MODULES, TOOLS, ProjectArgumentParser, program, project_description
 from .run_directory import checkpoint_dir, configure_loggers, predictions_csv, resolve_resume, run_report
+from .switched_classes import default_classes, with_own_defaults
 
 ENGINE = __package__.rsplit(".", 1)[0]  # this engine, wherever it was copied
 
@@ -186,8 +187,12 @@ class ProjectCLI(LightningCLI):
 
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
         """Parse, then check what was given, before LightningCLI reads a checkpoint or builds anything."""
+        command = sys.argv[1:] if args is None else args
         try:
-            super().parse_arguments(parser, args)
+            if isinstance(command, list):  # (LightningCLI's own parse_arguments, with the switches made explicit)
+                self.config = parser.parse_args(with_own_defaults(command, default_classes(DEFAULT_CONFIG)))
+            else:
+                super().parse_arguments(parser, args)
         except ArgumentError as error:
             raise SystemExit(f"error: {explain_parse_error(str(error), self.parser)}") from None
         subcommand = self.config.get("subcommand")
