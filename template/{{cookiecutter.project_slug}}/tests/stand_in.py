@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from lightning import LightningDataModule, LightningModule
 from torch import Tensor, nn
-from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, TensorDataset, WeightedRandomSampler
+from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 from torchmetrics.classification import MulticlassAccuracy
 
@@ -38,12 +38,11 @@ def stand_in_net(num_classes: int, in_channels: int, dropout: float, batch_norm:
 class StandInClassifier(TrainingRecipe):
     """The stand-in's network on the engine's training recipe."""
 
-    def __init__(
-        self, num_classes: int | None = None, in_channels: int | None = None, dropout: float = 0.0, **recipe
-    ) -> None:
+    def __init__(self, num_classes: int | None = None, in_channels: int | None = None, dropout: float = 0.0,
+                 batch_norm: bool = True, **recipe) -> None:  # fmt: skip
         super().__init__(**recipe)
         self.save_hyperparameters()
-        self.net = stand_in_net(num_classes, in_channels, dropout)
+        self.net = stand_in_net(num_classes, in_channels, dropout, batch_norm)
         self.val_acc = MulticlassAccuracy(num_classes, average="micro")
         self.test_acc = MulticlassAccuracy(num_classes, average="micro")
         self.example_input_array = torch.zeros(2, in_channels, 8, 8)
@@ -125,12 +124,12 @@ class StandInData(LightningDataModule):
     def setup(self, stage: str) -> None:
         if not self.splits:
             self.splits = synthetic_images()
-            if self.hparams.augment:
+            if self.hparams.get("augment"):  # (a subclass built by the CLI may not take it)
                 self.splits["train"] = Noisy(self.splits["train"])
 
     def _loader(self, split: str, train: bool = False) -> DataLoader:
         workers = self.hparams.num_workers
-        loader_class = StatefulDataLoader if self.hparams.stateful else DataLoader
+        loader_class = StatefulDataLoader if self.hparams.get("stateful") else DataLoader
         return loader_class(self.splits[split], batch_size=self.hparams.batch_size, shuffle=train, drop_last=train,
                             num_workers=workers, persistent_workers=workers > 0)  # fmt: skip
 
@@ -159,8 +158,10 @@ class OwnDefaultsClassifier(StandInClassifier):
 class OwnDefaultsData(StandInData):
     """Shares `batch_size` with the stand-in's data, with a default of its own."""
 
-    def __init__(self, batch_size: int = 16, num_workers: int = 0) -> None:
-        super().__init__(batch_size, num_workers)
+    def __init__(
+        self, batch_size: int = 16, num_workers: int = 0, augment: bool = False, stateful: bool = False
+    ) -> None:
+        super().__init__(batch_size, num_workers, augment, stateful)
 
 
 class FailingClassifier(StandInClassifier):
@@ -184,21 +185,10 @@ class FailingClassifier(StandInClassifier):
 
 
 class UnresumableStandInData(StandInData):
-    """The stand-in's data in a train loader the engine cannot make exact: `kind` "iterable" (an iterable dataset
-    without state), "sampler" (a custom sampler) or "batch_sampler" (a custom batch sampler)."""
-
-    def __init__(self, kind: str = "iterable", **kwargs) -> None:
-        super().__init__(**kwargs)
-        self.kind = kind
+    """The stand-in's data read as a stream the engine cannot make exact: an iterable dataset without state."""
 
     def train_dataloader(self) -> DataLoader:
-        train, size = self.splits["train"], self.hparams.batch_size
-        if self.kind == "iterable":
-            return DataLoader(Stream(train), batch_size=size)
-        weights = torch.ones(len(train))
-        if self.kind == "sampler":
-            return DataLoader(train, batch_size=size, sampler=WeightedRandomSampler(weights, len(train)))
-        return DataLoader(train, batch_sampler=Batches(len(train), size))
+        return DataLoader(Stream(self.splits["train"]), batch_size=self.hparams.batch_size)
 
 
 class Stream(IterableDataset):
@@ -207,20 +197,6 @@ class Stream(IterableDataset):
 
     def __iter__(self):
         return (self.dataset[i] for i in torch.randperm(len(self.dataset)).tolist())
-
-
-class Batches(Sampler):
-    """Shuffled batches of indices: a batch sampler of the user's own."""
-
-    def __init__(self, size: int, batch_size: int) -> None:
-        self.size, self.batch_size = size, batch_size
-
-    def __len__(self) -> int:
-        return self.size // self.batch_size
-
-    def __iter__(self):
-        order = torch.randperm(self.size).tolist()
-        return (order[i * self.batch_size : (i + 1) * self.batch_size] for i in range(len(self)))
 
 
 class DrawingStandInData(StandInData):

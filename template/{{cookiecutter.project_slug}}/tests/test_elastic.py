@@ -221,8 +221,8 @@ LAYOUT = {"world_size": 2, "batch_size": 32, "accumulate": 1, "asked": [32, 1]}
             None,
             1,
             ["--allow_change=world_size"],
-            ", and it records no batch layout (its train loader keeps a partial "
-            "last batch, or it was written by an older version): resume it on 2",
+            ", and its train loader cannot go on on another number of processes: it "
+            "records no batch layout (written by an older version): resume it on 2",
         ),
         (
             {**LAYOUT, "batch_size": 25},

@@ -8,10 +8,10 @@ import pytest
 import torch
 from conftest import QUICK, cli, extra_config
 from stand_in import Noisy, synthetic_images
-from torch.utils.data import BatchSampler, DataLoader, RandomSampler
+from torch.utils.data import BatchSampler, DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from template_package.engine.data.loaders import resumable_loader, why_not_resumable
+from template_package.engine.data.loaders import resumable_loader
 from template_package.engine.data.sampling import EpochShuffleSampler, SeededSamples, sample_seed
 
 
@@ -46,21 +46,6 @@ def test_in_memory_tensors_are_gathered_a_batch_at_a_time_and_equal_per_sample_b
             assert torch.equal(targets, torch.stack([y for _, y in samples]))
     keep_last = resumable_loader(DataLoader(train, batch_size=64, shuffle=True), seed=42, epoch=0)
     assert len(keep_last) == 20 and len(list(keep_last)[-1][1]) == 1257 - 19 * 64
-
-
-@pytest.mark.parametrize(
-    "loader, reason",
-    [
-        (lambda data: DataLoader(data, batch_size=8, sampler=RandomSampler(data, replacement=True)), "replacement"),
-        (lambda data: DataLoader(data, batch_sampler=BatchSampler(RandomSampler(data), 8, False)), "custom batch"),
-        (lambda data: DataLoader(data, batch_size=8, sampler=list(range(len(data)))), "custom sampler (list)"),
-    ],
-    ids=["replacement", "batch_sampler", "sampler"],
-)
-def test_what_cannot_be_made_exact_is_named(loader, reason):
-    made = loader(synthetic_images()["val"])
-    assert reason in why_not_resumable(made)
-    assert resumable_loader(made, seed=0, epoch=0) is made
 
 
 def test_sample_seed_is_the_seed_of_the_sample_being_read():
@@ -127,12 +112,11 @@ def test_random_draws_in_workers_are_the_same_whatever_their_number(tmp_path):
         assert all(torch.equal(weights[0][k], weights[workers][k]) for k in weights[0]), workers
 
 
-@pytest.mark.parametrize("kind", ["iterable", "sampler", "batch_sampler"])
-def test_a_loader_that_cannot_resume_exactly_gets_one_notice_before_training(run_dir, tmp_path, capsys, kind):
+def test_a_loader_that_cannot_resume_exactly_gets_one_notice_before_training(run_dir, tmp_path, capsys):
     marker = {"class_path": "kill_points.Say", "init_args": {"hook": "on_train_batch_start", "text": "first batch"}}
     config = extra_config(tmp_path / "say.yaml", callbacks=[marker])
     cli("fit", f"--trainer.default_root_dir={run_dir}", *QUICK, "--data=stand_in.UnresumableStandInData",
-        f"--data.kind={kind}", "-c", config, "--trainer.limit_train_batches=3")  # fmt: skip
+        "-c", config, "--trainer.limit_train_batches=3")  # fmt: skip
     err = capsys.readouterr().err
     assert err.count("notice: the train loader cannot resume exactly") == 1, err
     assert "resume" in err.split("notice:")[1].splitlines()[0]
@@ -148,7 +132,7 @@ def test_a_loader_without_a_length_and_no_max_steps_gets_one_line_for_the_schedu
     """The warmup-cosine schedule needs the run's length: an iterable dataset's loader cannot give it."""
     with pytest.raises(SystemExit) as stop:
         cli("fit", f"--trainer.default_root_dir={run_dir}", *QUICK, "--trainer.limit_train_batches=1.0",
-            "--data=stand_in.UnresumableStandInData", "--data.kind=iterable")  # fmt: skip
+            "--data=stand_in.UnresumableStandInData")  # fmt: skip
     assert str(stop.value.code) == (
         "error: the warmup-cosine schedule needs the run's length in optimizer steps, which a train loader without a "
         "length (a stream's) cannot give: set trainer.max_steps"

@@ -20,7 +20,7 @@ from ..data.streams import saved_stream
 from ..errors import UsageError
 from ..resume.run_lock import RunDirectoryBusy, RunLock
 from ..resume.whole_checkpoint import is_checkpoint, read_for_checks
-from ..training.batch_layout import saved_layout
+from ..training.batch_layout import NO_LAYOUT, saved_layout
 
 PRECISIONS = ["auto", *(p for p in get_args(get_args(_PRECISION_INPUT)[1]) if "transformer" not in p)]
 
@@ -246,10 +246,9 @@ def check_world_size(ckpt_path: str, checkpoint: dict, trainer: L.Trainer, allow
         )
     layout = saved_layout(checkpoint)
     if layout is None:
-        raise SystemExit(
-            f"error: {where}, and it records no batch layout (its train loader keeps a partial last batch, or it "
-            f"was written by an older version): resume it on {saved}"
-        )
+        why = checkpoint.get(NO_LAYOUT, "it records no batch layout (written by an older version)")
+        raise SystemExit(f"error: {where}, and its train loader cannot go on on another number of processes: {why}: "
+                         f"resume it on {saved}")  # fmt: skip
     if trainer.limit_train_batches != 1.0:
         raise SystemExit(
             f"error: {where}, and trainer.limit_train_batches={trainer.limit_train_batches} counts each process's "

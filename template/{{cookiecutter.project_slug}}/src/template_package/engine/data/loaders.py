@@ -40,8 +40,10 @@ from torchdata.stateful_dataloader import sampler as torchdata_samplers
 from ..errors import UsageError
 from ..internals import num_samples_given
 from ..training.batch_layout import KEY as LAYOUT
-from ..training.batch_layout import BatchLayout, move_progress, saved_layout
+from ..training.batch_layout import NO_LAYOUT, BatchLayout, move_progress, saved_layout
 from . import streams
+from .drawn_order import KEY as DRAWN
+from .drawn_order import DrawnOrderSampler
 from .sampling import EpochShuffleSampler, SeededSamples
 
 # The samplers a DataLoader or StatefulDataLoader makes itself from batch_size and shuffle: torch's and torchdata's.
@@ -60,17 +62,20 @@ def why_not_resumable(loader) -> str | None:
         return f"it is a {type(loader).__name__}, not a DataLoader"
     if isinstance(loader.dataset, IterableDataset):
         return streams.why_not_exact(loader)
-    if isinstance(loader.sampler, EpochShuffleSampler):
-        return None
-    batches = loader.batch_sampler
-    if batches is not None and (type(batches) not in BATCHING or batches.sampler is not loader.sampler):
-        return f"it draws batches with a custom batch sampler ({type(batches).__name__})"
-    sampler = loader.sampler
-    if type(sampler) in SHUFFLED and (sampler.replacement or num_samples_given(sampler)):
-        return "its RandomSampler draws with replacement or a number of samples of its own"
-    if type(sampler) not in (*SHUFFLED, SequentialSampler):
-        return f"it draws samples with a custom sampler ({type(sampler).__name__})"
     return None
+
+
+def own_batch_sampler(loader: DataLoader) -> bool:
+    """Whether `loader` draws its batches with a batch sampler of its own (not one it made from batch_size)."""
+    batches = loader.batch_sampler
+    return batches is not None and (type(batches) not in BATCHING or batches.sampler is not loader.sampler)
+
+
+def shuffles_itself(sampler) -> bool:
+    """Whether `sampler` is one the engine replaces by its own shuffle: a loader's `shuffle=True` or `False`."""
+    if type(sampler) in SHUFFLED:
+        return not (sampler.replacement or num_samples_given(sampler))
+    return type(sampler) is SequentialSampler
 
 
 def why_no_layout(loader: DataLoader) -> str | None:
@@ -80,6 +85,11 @@ def why_no_layout(loader: DataLoader) -> str | None:
         return "it reads an iterable dataset"
     if isinstance(loader.sampler, EpochShuffleSampler):
         return "it has an EpochShuffleSampler of its own, whose batches the engine leaves as they are"
+    if own_batch_sampler(loader):
+        return (
+            f"it draws batches with a batch sampler of its own ({type(loader.batch_sampler).__name__}), whose batches "
+            "the engine cannot regroup into the same global batches"
+        )
     if loader.batch_size is None or not loader.drop_last:
         return "it keeps a partial last batch (drop_last=False), a global batch of another size"
     return None
@@ -102,19 +112,25 @@ def resumable_loader(
     if isinstance(loader.sampler, EpochShuffleSampler):
         loader.sampler.set_epoch(epoch)
         return loader
-    shuffle = type(loader.sampler) in SHUFFLED
-    dataset, drop_last = loader.dataset, loader.drop_last
+    dataset, drop_last, batches = loader.dataset, loader.drop_last, own_batch_sampler(loader)
     batch_size = batch_size or loader.batch_size
     global_batch = global_batch if drop_last else None
-    batched = isinstance(dataset, TensorDataset) and loader.collate_fn is default_collate and batch_size is not None
-    if batched:  # the sampler yields index lists; the dataset gathers each batch in one operation
-        sampler = EpochShuffleSampler(len(dataset), seed, batch_size, num_replicas, rank, shuffle=shuffle,
-                                      drop_last=drop_last, global_batch=global_batch)  # fmt: skip
+
+    def order(batch_size: int | None, with_epoch: bool) -> EpochShuffleSampler:
+        if batches or not shuffles_itself(loader.sampler):  # the user's sampler, drawn from (seed, epoch)
+            source = loader.batch_sampler if batches else loader.sampler
+            return DrawnOrderSampler(source, seed, batch_size, num_replicas, rank, with_epoch, drop_last, global_batch,
+                                     batches=batches)  # fmt: skip
+        return EpochShuffleSampler(len(dataset), seed, batch_size, num_replicas, rank, with_epoch,
+                                   type(loader.sampler) in SHUFFLED, drop_last, global_batch)  # fmt: skip
+
+    tensors = isinstance(dataset, TensorDataset) and loader.collate_fn is default_collate and not batches
+    if tensors and batch_size is not None:  # the sampler yields index lists; the dataset gathers each batch at once
+        sampler = order(batch_size, with_epoch=False)
         batch_size, drop_last, collate = None, False, None
     else:
-        seeded = not isinstance(dataset, TensorDataset)  # (a TensorDataset draws no random numbers)
-        sampler = EpochShuffleSampler(len(dataset), seed, None, num_replicas, rank, with_epoch=seeded, shuffle=shuffle,
-                                      global_batch=global_batch)  # fmt: skip
+        seeded = not tensors  # (a TensorDataset draws no random numbers)
+        sampler = order(None, with_epoch=seeded)
         dataset, collate = (SeededSamples(dataset, seed) if seeded else dataset), loader.collate_fn
     sampler.set_epoch(epoch)
     workers = loader.num_workers
@@ -161,15 +177,25 @@ class ResumableLoaders(Callback):
         self._stream_state: dict | None = None  # the resumed checkpoint's, for a streaming train loader
         self._group = None  # streams.cpu_group(), made once, under several processes
         self._noticed = False
+        self._drawn: tuple[DrawnOrderSampler, int] | None = None  # the train loader's, with its positions a batch
+        self._drawn_record: dict | None = None  # the resumed checkpoint's DrawnOrderSampler.record
+        self._no_layout: str | None = None  # why_no_layout of the train loader
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
         if self.layout is not None:
             checkpoint[LAYOUT] = self.layout.state()
+        elif self._no_layout is not None:
+            checkpoint[NO_LAYOUT] = self._no_layout
+        if self._drawn is not None:
+            sampler, per_batch = self._drawn
+            trained = trainer.fit_loop.epoch_loop.batch_progress.current.processed
+            checkpoint[DRAWN] = sampler.record(trained * per_batch * trainer.world_size)
 
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
         """Before Lightning restores the loops: on another number of processes, their batch counts are rewritten
         for the new layout (batch_layout.move_progress)."""
         self._saved, self._resume_at = saved_layout(checkpoint), None
+        self._drawn_record = checkpoint.get(DRAWN)
         # (Lightning loads the loader states only when it resumes inside an epoch; a stream needs its state at an
         # epoch's end too.)
         self._stream_state = streams.saved_stream(checkpoint)
@@ -223,12 +249,12 @@ class ResumableLoaders(Callback):
                 stream.load_state_dict(self._stream_state)
                 self._stream_state = None
             return stream
-        reason = reason or why_no_layout(loader)
+        reason = self._no_layout = reason or why_no_layout(loader)
         self.layout = None
         if reason is not None:
             if self._resume_at is not None:
                 raise UsageError(f"the train loader cannot go on on another number of processes: {reason}")
-            return resumable_loader(loader, seed, epoch, world_size, rank)
+            return self._drawn_checked(trainer, resumable_loader(loader, seed, epoch, world_size, rank))
         asked = (loader.batch_size, trainer.accumulate_grad_batches)
         self.layout = BatchLayout(world_size, *asked, asked)
         if self._saved is not None and self._saved.asked == asked:  # the run's own layout, on this world size
@@ -244,7 +270,24 @@ class ResumableLoaders(Callback):
         if self._resume_at is not None:
             rebuilt.sampler.resume_at(*self._resume_at)
             self._resume_at = None
-        return rebuilt
+        return self._drawn_checked(trainer, rebuilt)
+
+    def _drawn_checked(self, trainer: L.Trainer, loader: DataLoader) -> DataLoader:
+        """Keeps the loader's DrawnOrderSampler for the checkpoints, and after a resume draws the checkpoint's epoch
+        again: a notice when its positions differ (the order is not a function of the seed and the epoch)."""
+        sampler = loader.sampler
+        if not isinstance(sampler, DrawnOrderSampler):
+            self._drawn = None
+            return loader
+        self._drawn = sampler, 1 if sampler.batches else sampler.batch_size or loader.batch_size
+        record, self._drawn_record = self._drawn_record, None
+        if record is not None and not sampler.matches(record) and trainer.is_global_zero:
+            name = type(sampler.source).__name__
+            print(f"notice: the train loader's {name} drew another order for epoch {record['epoch']} than the run that "
+                  f"was stopped: its order is not a function of the seed and the epoch, so the resumed run reads other "
+                  f"samples. Draw from torch's generators (its own `generator` or the global one), or make its order "
+                  f"follow from set_epoch(epoch)", file=sys.stderr)  # fmt: skip
+        return loader
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         owner = trainer.datamodule if trainer.datamodule is not None else pl_module

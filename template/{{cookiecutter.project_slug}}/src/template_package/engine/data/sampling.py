@@ -57,12 +57,17 @@ class EpochShuffleSampler(DistributedSampler):
     ) -> None:
         super().__init__(range(num_samples), num_replicas, rank, shuffle=shuffle, seed=seed, drop_last=True)
         self.batch_size, self.with_epoch, self.drop_last_batch = batch_size, with_epoch, drop_last
-        if global_batch is not None:
-            if global_batch % num_replicas:
-                raise ValueError(f"global_batch={global_batch} is not a multiple of the {num_replicas} processes")
-            self.total_size = num_samples // global_batch * global_batch
-            self.num_samples = self.total_size // num_replicas
+        if global_batch is not None and global_batch % num_replicas:
+            raise ValueError(f"global_batch={global_batch} is not a multiple of the {num_replicas} processes")
+        self.global_batch = global_batch
+        self._sized(num_samples)
         self._resume: tuple[int, int] | None = None  # (epoch, global position) to read on from
+
+    def _sized(self, positions: int) -> None:
+        """An epoch of `positions` read as whole global batches (or whole rounds of the processes)."""
+        unit = self.global_batch or self.num_replicas
+        self.total_size = positions // unit * unit
+        self.num_samples = self.total_size // self.num_replicas
 
     def resume_at(self, epoch: int, position: int) -> None:
         """Read `epoch` from global position `position` on (a multiple of the number of processes): the samples
@@ -77,14 +82,17 @@ class EpochShuffleSampler(DistributedSampler):
         if self._resume is not None and self._resume[0] != epoch:
             self._resume = None
 
-    def _indices(self) -> list[int]:
+    def epoch_order(self) -> list:
+        """The epoch's global order: DistributedSampler's permutation, seeded with seed + epoch."""
+        if not self.shuffle:
+            return list(range(len(self.dataset)))
+        generator = torch.Generator()
+        generator.manual_seed(self.seed + self.epoch)
+        return torch.randperm(len(self.dataset), generator=generator).tolist()
+
+    def _indices(self) -> list:
         """This rank's share of the epoch's order (DistributedSampler's, from the resume position on)."""
-        if self.shuffle:
-            generator = torch.Generator()
-            generator.manual_seed(self.seed + self.epoch)
-            order = torch.randperm(len(self.dataset), generator=generator).tolist()
-        else:
-            order = list(range(len(self.dataset)))
+        order = self.epoch_order()
         start = self._resume[1] if self._resume is not None and self._resume[0] == self.epoch else 0
         return order[start + self.rank : self.total_size : self.num_replicas]
 
@@ -141,7 +149,11 @@ class SeededSamples(Dataset):
     def __len__(self) -> int:
         return len(self.dataset)
 
-    def __getitem__(self, key: tuple[int, int]):
+    def __getitem__(self, key: tuple[int, int | list[int]]):
+        """One sample, or with a list of indices (a batch sampler's batch) the list of its samples."""
+        epoch, index = key
+        if isinstance(index, list):
+            return self.__getitems__([(epoch, i) for i in index])
         return self.__getitems__([key])[0]
 
     def __getitems__(self, keys: list[tuple[int, int]]) -> list:

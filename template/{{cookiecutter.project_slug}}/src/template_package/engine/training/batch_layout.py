@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 from ..errors import UsageError
 
 KEY = "batch_layout"  # in a checkpoint: the layout it was trained with, see BatchLayout.state
+NO_LAYOUT = "no_batch_layout"  # in a checkpoint without one: why its train loader has none (loaders.why_no_layout)
 
 
 @dataclass(frozen=True)
