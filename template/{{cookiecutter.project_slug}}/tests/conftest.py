@@ -32,10 +32,9 @@ TESTS = Path(__file__).resolve().parent
 # Enough to exercise every hook in a couple of seconds: 2 epochs of 6 batches.
 QUICK = ["--trainer.max_epochs=2", "--trainer.limit_train_batches=6", "--trainer.enable_progress_bar=false"]
 # The engine's tests train the stand-in task (stand_in.py), given right after the subcommand, with the metric it logs
-# as the monitored one, whatever configs/default.yaml names for your own task. Each class after a null: a class given
-# on the command line otherwise keeps the values the config gave the class it replaces (your batch_size, lr, ...).
-STAND_IN = ["--model=null", "--model=stand_in.StandInClassifier", "--data=null", "--data=stand_in.StandInData",
-            "--checkpoint.monitor=val/acc", "--checkpoint.mode=max"]  # fmt: skip
+# as the monitored one, whatever configs/default.yaml names for your own task (each class from its own defaults).
+STAND_IN = ["--model=stand_in.StandInClassifier", "--data=stand_in.StandInData", "--checkpoint.monitor=val/acc",
+            "--checkpoint.mode=max"]  # fmt: skip
 TRAINER_SUBCOMMANDS = ("fit", "validate", "test", "predict")
 
 

@@ -1,6 +1,7 @@
 """The stand-in's data read through samplers real teams use, each written as a user would: a WeightedRandomSampler
 that rebalances an imbalanced set, a length-bucketing batch sampler of one's own with `set_epoch`, and a sampler whose
-order is not a function of the seed and the epoch (it draws from the operating system)."""
+order is not a function of the seed and the epoch (it draws from the operating system); and a dataset with batched
+reads (`__getitems__`)."""
 
 import os
 import random
@@ -98,3 +99,19 @@ class SystemRandomData(StandInData):
     def train_dataloader(self) -> DataLoader:
         train = self.splits["train"]
         return DataLoader(train, batch_size=self.hparams.batch_size, sampler=SystemRandomSampler(len(train)))
+
+
+class NoisyBatches(Noisy):
+    """Noisy's samples read a batch at a time (`__getitems__`), the noise drawn once for the whole batch."""
+
+    def __getitems__(self, indices: list[int]) -> list:
+        images, targets = self.dataset[indices]
+        noisy = images + 0.1 * torch.randn(images.shape)
+        return list(zip(noisy, targets, strict=True))
+
+
+class BatchReadData(StandInData):
+    def setup(self, stage: str) -> None:
+        if not self.splits:
+            self.splits = synthetic_images()
+            self.splits["train"] = NoisyBatches(self.splits["train"])

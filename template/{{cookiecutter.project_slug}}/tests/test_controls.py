@@ -80,6 +80,6 @@ def test_without_it_random_draws_depend_on_the_number_of_workers(tmp_path, monke
 
     from template_package.engine.data.sampling import SeededSamples
 
-    monkeypatch.setattr(SeededSamples, "_read", lambda self, key: self.dataset[key[1]])
+    monkeypatch.setattr(SeededSamples, "_read", lambda self, key: self.dataset[key[1]])  # (unseeded)
     weights = weights_with_workers(tmp_path, (0, 2))
     assert not all(torch.equal(weights[0][k], weights[2][k]) for k in weights[0])

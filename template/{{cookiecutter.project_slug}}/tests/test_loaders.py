@@ -60,10 +60,59 @@ def test_sample_seed_is_the_seed_of_the_sample_being_read():
             return index
 
     dataset = SeededSamples(Records(), seed=5)
-    dataset[(0, 1)], dataset[(0, 1)], dataset[(1, 1)]
-    assert seeds[0] == seeds[1] != seeds[2]
+    dataset[(0, 1, 0)], dataset[(0, 1, 3)], dataset[(1, 1, 0)]
+    assert seeds[0] == seeds[1] != seeds[2]  # a sample's own, wherever it is read
     with pytest.raises(RuntimeError, match="only while the engine's train loader reads a sample"):
         sample_seed()
+
+
+class BatchReads(torch.utils.data.Dataset):
+    """A dataset with batched reads (`__getitems__`, as Hugging Face datasets have) that draws a number for each sample
+    and counts its calls; its `__getitem__` is never used."""
+
+    vocab = ["a", "b"]
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __len__(self) -> int:
+        return 40
+
+    def __getitem__(self, index: int):
+        raise AssertionError("read one sample at a time")
+
+    def __getitems__(self, indices: list[int]) -> list:
+        self.calls += 1
+        return [(index, torch.rand(())) for index in indices]
+
+
+def test_a_dataset_with_batched_reads_is_read_a_batch_at_a_time_and_exactly_on_resume():
+    """One `__getitems__` call a batch, its draws seeded from the batch's position: the same with 0 and 2 workers and
+    in a loader resumed mid-epoch; the dataset's own attributes are reached through the engine's wrapper."""
+
+    def rebuilt(workers: int) -> StatefulDataLoader:
+        loader = DataLoader(BatchReads(), batch_size=4, shuffle=True, drop_last=True, num_workers=workers)
+        return resumable_loader(loader, seed=1, epoch=2)
+
+    main = rebuilt(workers=0)
+    assert main.dataset.vocab == ["a", "b"]
+    batches = list(main)
+    assert len(batches) == 10 and main.dataset.calls == 10
+    assert len({draw.item() for _, draws in batches for draw in draws}) == 40  # every batch draws numbers of its own
+    assert same_batches(batches, list(rebuilt(workers=2)))
+    stopped = rebuilt(workers=0)
+    iterator = iter(stopped)
+    next(iterator), next(iterator), next(iterator)
+    state = stopped.state_dict()
+    resumed = rebuilt(workers=0)
+    resumed.load_state_dict(state)
+    rest = list(resumed)
+    assert same_batches(batches[3:], rest)
+
+
+def same_batches(a: list, b: list) -> bool:
+    pairs = zip(a, b, strict=True) if len(a) == len(b) else None
+    return pairs is not None and all(torch.equal(x, y) for p, q in pairs for x, y in zip(p, q, strict=True))
 
 
 def test_reading_in_the_main_process_leaves_the_global_generators_as_they_were():

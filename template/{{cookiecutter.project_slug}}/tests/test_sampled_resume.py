@@ -19,11 +19,15 @@ from test_resume import (
 )
 
 pytestmark = pytest.mark.slow
-SAMPLED = {"weighted": ["--data=sampled_data.WeightedData"], "bucketing": ["--data=sampled_data.BucketedData"]}
+SAMPLED = {
+    "weighted": ["--data=sampled_data.WeightedData"],
+    "bucketing": ["--data=sampled_data.BucketedData"],
+    "batch_reads": ["--data=sampled_data.BatchReadData"],
+}
 
 
 @pytest.mark.parametrize("kill_point", ["mid_epoch", "epoch_end"])
-@pytest.mark.parametrize("data", SAMPLED)
+@pytest.mark.parametrize("data", ["weighted", "bucketing", "batch_reads"])
 def test_a_users_sampler_killed_and_resumed_ends_bit_identical(tmp_path, tmp_path_factory, capsys, data, kill_point):
     assert_kill_and_resume_exact(tmp_path, tmp_path_factory, SAMPLED[data], **KILL_POINTS[kill_point])
     assert "notice" not in capsys.readouterr().err
@@ -80,3 +84,25 @@ def test_a_batch_samplers_run_moved_to_another_number_of_processes_is_refused_wi
         "cannot go on on another number of processes: it draws batches with a batch sampler of its own "
         "(BucketBatches), whose batches the engine cannot regroup into the same global batches: resume it on 2"
     )
+
+
+def test_batched_reads_moved_to_another_number_of_processes_say_their_draws_differ(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    cli("fit", f"--trainer.default_root_dir={run_dir}", "--trainer.max_steps=6", "--trainer.limit_val_batches=1",
+        *SAMPLED["batch_reads"])  # fmt: skip
+    path = run_dir / "checkpoints" / "last.ckpt"
+    checkpoint = torch.load(path, weights_only=True)
+    checkpoint["rng_states"] = {
+        name: rows.repeat(2, *[1] * (rows.dim() - 1)) for name, rows in checkpoint["rng_states"].items()
+    }  # fmt: skip (as if saved by 2)
+    checkpoint["batch_layout"].update(world_size=2, batch_size=32)
+    torch.save(checkpoint, path)
+    capsys.readouterr()
+    resume(run_dir, "--trainer.max_steps=8", "--trainer.limit_val_batches=1", *SAMPLED["batch_reads"],
+           "--allow_change=world_size")  # fmt: skip
+    notices = [line for line in capsys.readouterr().err.splitlines() if line.startswith("notice:")]
+    assert notices == [
+        "notice: this run moved from 2 to 1 processes and goes on inexactly: its train dataset (NoisyBatches) reads a "
+        "batch at a time, its random draws seeded per batch, and another number of processes batches other samples, "
+        "so from here it differs from the run that never moved"
+    ]

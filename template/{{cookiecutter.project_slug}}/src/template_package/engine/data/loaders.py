@@ -44,7 +44,7 @@ from ..training.batch_layout import NO_LAYOUT, BatchLayout, move_progress, saved
 from . import streams
 from .drawn_order import KEY as DRAWN
 from .drawn_order import DrawnOrderSampler
-from .sampling import EpochShuffleSampler, SeededSamples
+from .sampling import EpochShuffleSampler, SeededSamples, reads_batches
 
 # The samplers a DataLoader or StatefulDataLoader makes itself from batch_size and shuffle: torch's and torchdata's.
 SHUFFLED = (RandomSampler, torchdata_samplers.RandomSampler)
@@ -270,6 +270,11 @@ class ResumableLoaders(Callback):
         if self._resume_at is not None:
             rebuilt.sampler.resume_at(*self._resume_at)
             self._resume_at = None
+            if reads_batches(loader.dataset) and trainer.is_global_zero:
+                print(f"notice: this run moved from {self._saved.world_size} to {world_size} processes and goes on "
+                      f"inexactly: its train dataset ({type(loader.dataset).__name__}) reads a batch at a time, its "
+                      "random draws seeded per batch, and another number of processes batches other samples, so "
+                      "from here it differs from the run that never moved", file=sys.stderr)  # fmt: skip
         return self._drawn_checked(trainer, rebuilt)
 
     def _drawn_checked(self, trainer: L.Trainer, loader: DataLoader) -> DataLoader:

@@ -12,13 +12,14 @@ and draws the same random numbers for them.
 Depends on torch and numpy only.
 """
 
+import contextlib
 import contextvars
 import random
 from collections.abc import Iterator
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset, DistributedSampler
+from torch.utils.data import Dataset, DistributedSampler, Subset
 
 
 class EpochShuffleSampler(DistributedSampler):
@@ -38,9 +39,9 @@ class EpochShuffleSampler(DistributedSampler):
 
     With `batch_size`, it yields whole batches of indices (the last partial one dropped with `drop_last`) for a
     loader with `batch_size=None`: a TensorDataset then gathers a batch with one index operation per tensor. With
-    `with_epoch`, it yields (epoch, index) pairs, the keys of `SeededSamples`. With `global_batch` (G), an epoch is
-    the whole global batches of the order, the last N mod G samples left out: no optimizer step of a partial
-    accumulation window, and epochs of the same samples on any number of processes.
+    `with_epoch`, it yields (epoch, index, global position) keys, those of `SeededSamples`. With `global_batch` (G),
+    an epoch is the whole global batches of the order, the last N mod G samples left out: no optimizer step of a
+    partial accumulation window, and epochs of the same samples on any number of processes.
     """
 
     def __init__(
@@ -90,16 +91,21 @@ class EpochShuffleSampler(DistributedSampler):
         generator.manual_seed(self.seed + self.epoch)
         return torch.randperm(len(self.dataset), generator=generator).tolist()
 
+    def _start(self) -> int:
+        """The global position this rank reads on from (the resume position, in the resumed epoch), plus its rank."""
+        return (self._resume[1] if self._resume is not None and self._resume[0] == self.epoch else 0) + self.rank
+
     def _indices(self) -> list:
         """This rank's share of the epoch's order (DistributedSampler's, from the resume position on)."""
-        order = self.epoch_order()
-        start = self._resume[1] if self._resume is not None and self._resume[0] == self.epoch else 0
-        return order[start + self.rank : self.total_size : self.num_replicas]
+        return self.epoch_order()[self._start() : self.total_size : self.num_replicas]
 
     def __iter__(self) -> Iterator:
         order = self._indices()
+        if self.batch_size is None and self.with_epoch:  # SeededSamples' keys
+            positions = range(self._start(), self.total_size, self.num_replicas)
+            return ((self.epoch, index, position) for index, position in zip(order, positions, strict=True))
         if self.batch_size is None:
-            return ((self.epoch, index) for index in order) if self.with_epoch else iter(order)
+            return iter(order)
         size = self.batch_size
         batches = len(order) // size + (len(order) % size > 0 and not self.drop_last_batch)
         return (order[i * size : (i + 1) * size] for i in range(batches))
@@ -132,7 +138,10 @@ def sample_seed() -> int:
 
 class SeededSamples(Dataset):
     """`dataset`'s samples, each read with torch's (CPU), Python's and NumPy's global generators seeded from
-    (seed, epoch, index): keys are the (epoch, index) pairs of an `EpochShuffleSampler(with_epoch=True)`.
+    (seed, epoch, index): keys are the (epoch, index, global position) of an `EpochShuffleSampler(with_epoch=True)`.
+    A dataset with `__getitems__` (batched reads, as Hugging Face datasets have) is read a batch at a time, seeded from
+    (seed, epoch, the batch's first global position). Other attributes are the dataset's
+    (`trainer.train_dataloader.dataset.vocab`).
 
     Torchvision's random transforms, `torch.randint`, `random.random()` and `np.random.rand()` in `__getitem__` then
     draw the same numbers for a sample whether it is read in the main process or a worker, in a run that never stopped
@@ -146,36 +155,63 @@ class SeededSamples(Dataset):
     def __init__(self, dataset: Dataset, seed: int) -> None:
         self.dataset, self.seed = dataset, seed
 
+    def __getattr__(self, name: str):
+        if name == "dataset":  # (not set yet: while unpickled in a loader worker)
+            raise AttributeError(name)
+        return getattr(self.dataset, name)
+
     def __len__(self) -> int:
         return len(self.dataset)
 
-    def __getitem__(self, key: tuple[int, int | list[int]]):
-        """One sample, or with a list of indices (a batch sampler's batch) the list of its samples."""
-        epoch, index = key
+    def __getitem__(self, key: tuple[int, int | list[int], int]):
+        """One sample, or with a list of indices (a batch sampler's batch, at one position) the list of its samples."""
+        epoch, index, position = key
         if isinstance(index, list):
-            return self.__getitems__([(epoch, i) for i in index])
+            return self.__getitems__([(epoch, i, position) for i in index])
         return self.__getitems__([key])[0]
 
-    def __getitems__(self, keys: list[tuple[int, int]]) -> list:
+    def __getitems__(self, keys: list[tuple[int, int, int]]) -> list:
+        read = self._read_batch if reads_batches(self.dataset) else self._read_each
         if torch.utils.data.get_worker_info() is not None:
-            return [self._read(key) for key in keys]
+            return read(keys)
         states = torch.get_rng_state(), random.getstate(), np.random.get_state()
         try:
-            return [self._read(key) for key in keys]
+            return read(keys)
         finally:
             torch.set_rng_state(states[0])
             random.setstate(states[1])
             np.random.set_state(states[2])
 
-    def _read(self, key: tuple[int, int]):
-        epoch, index = key
-        seed = seed_of(self.seed, epoch, index)
-        seed_generators(seed)
-        token = _SAMPLE_SEED.set(seed)
-        try:
+    def _read_each(self, keys: list[tuple[int, int, int]]) -> list:
+        return [self._read(key) for key in keys]
+
+    def _read(self, key: tuple[int, int, int]):
+        epoch, index, _ = key
+        with drawing_from(seed_of(self.seed, epoch, index)):
             return self.dataset[index]
-        finally:
-            _SAMPLE_SEED.reset(token)
+
+    def _read_batch(self, keys: list[tuple[int, int, int]]) -> list:
+        epoch, _, position = keys[0]
+        with drawing_from(seed_of(self.seed, epoch, position)):
+            return self.dataset.__getitems__([index for _, index, _ in keys])
+
+
+def reads_batches(dataset: Dataset) -> bool:
+    """Whether `dataset` has batched reads of its own (`__getitems__`; torch's Subset forwards its dataset's)."""
+    if isinstance(dataset, Subset):
+        return reads_batches(dataset.dataset)
+    return callable(getattr(dataset, "__getitems__", None))
+
+
+@contextlib.contextmanager
+def drawing_from(seed: int):
+    """The global generators seeded from `seed`, which `sample_seed()` gives meanwhile."""
+    seed_generators(seed)
+    token = _SAMPLE_SEED.set(seed)
+    try:
+        yield
+    finally:
+        _SAMPLE_SEED.reset(token)
 
 
 def seed_generators(seed: int) -> None:
