@@ -6,6 +6,7 @@ would make a resume inexact is refused in one line."""
 
 import importlib.util
 import multiprocessing
+import re
 import shutil
 from pathlib import Path
 from types import SimpleNamespace
@@ -287,3 +288,83 @@ def test_each_epoch_of_a_stream_is_a_new_order_and_a_resume_reads_on_after_the_t
     resumed.load_state_dict(state)
     assert indices(resumed, 0) == first[5:]
     assert indices(resumed, 1) == second
+
+
+def web(data: Path, loader: str, workers: int, *args: str) -> list[str]:
+    """The stream task on WebDataset shards (tests/webdataset_task.py)."""
+    options = task("WebDatasetData", f"--data.folder={data / 'tars'}", f"--data.loader={loader}",
+                   f"--data.num_workers={workers}", *args)  # fmt: skip
+    return [option.replace("stream_task.WebDatasetData", "webdataset_task.WebDatasetData") for option in options]
+
+
+@needs("webdataset")
+@pytest.mark.slow
+@pytest.mark.parametrize(("loader", "workers", "cadence", "resumed_at"), [
+    ("dataloader", 0, MID_EPOCH, 50), ("dataloader", 2, EPOCH_END, 38), ("webloader", 2, MID_EPOCH, 50),
+    ("webloader", 0, EPOCH_END, 38)])  # fmt: skip
+def test_a_seeded_webdataset_pipeline_resumes_bit_identical(tmp_path, tmp_path_factory, data, loader, workers,
+                                                           cadence, resumed_at, capsys):  # fmt: skip
+    """Shard and sample shuffles seeded (the same order every epoch), in a DataLoader or a WebLoader whose own stages
+    reshuffle in the training process; the resumed run re-reads its epoch and says what the skip cost."""
+    args = web(data, loader, workers)
+    assert_resumes_exactly(tmp_path, tmp_path_factory, args, cadence, resumed_at, capsys)
+    said = capsys.readouterr().err
+    if cadence is MID_EPOCH:
+        assert re.search(r"resumed the train stream at batch 12 of epoch 1: re-read the 12 batches before it in "
+                         r"\d+\.\d s", said), said  # fmt: skip
+    assert "notice" not in said
+
+
+@needs("webdataset")
+@pytest.mark.slow
+def test_a_webdataset_shard_shuffle_by_epoch_gets_the_runs_epoch_and_resumes_bit_identical(
+    tmp_path, tmp_path_factory, data, capsys
+):
+    """detshuffle=True counts the iterations of each worker's copy of the pipeline: every epoch would shuffle the
+    shards as the first did. The engine gives it the run's epoch: the epochs differ, and a resume is exact."""
+    args = web(data, "dataloader", 2, "--data.detshuffle=true")
+    copy = assert_resumes_exactly(tmp_path, tmp_path_factory, args, MID_EPOCH, 50, capsys)
+    records = tmp_path / "indices.txt"
+    callback = extra_config(tmp_path / "record.yaml", callbacks=[
+        {"class_path": "stream_task.RecordIndices", "init_args": {"path": str(records)}}])  # fmt: skip
+    cli("fit", f"--trainer.default_root_dir={copy.parent / 'again'}", *args, "-c", callback, task=[])
+    epochs = {}
+    for line in records.read_text().splitlines():
+        head, indices = line.split(": ")
+        epochs.setdefault(head.split()[1], []).append(indices)
+    assert len(epochs) == 3 and epochs["0"] != epochs["1"] != epochs["2"]
+
+
+@needs("webdataset")
+@pytest.mark.parametrize(("option", "stage"), [
+    ("--data.seeded=false", "its shuffle(50) stage is unseeded: it seeds itself from the process ID and the time, so "
+                            "the run does not repeat: give it a seed (.shuffle(50, seed=...))"),
+    ("--data.resampled=true", "its ResampledShards stage (resampled=True) seeds itself from the process ID, the time "
+                              "and os.urandom, so the run does not repeat: use wds.ResampledShards(urls, "
+                              "deterministic=True)"),
+], ids=["unseeded_shuffle", "resampled"])  # fmt: skip
+def test_a_webdataset_stage_that_does_not_repeat_gets_one_notice_naming_it(run_dir, data, option, stage, capsys):
+    args = web(data, "webloader", 0, option, "--trainer.max_epochs=1", "--trainer.max_steps=3")
+    cli("fit", f"--trainer.default_root_dir={run_dir}", *args, task=[])
+    notices = [line for line in capsys.readouterr().err.splitlines() if line.startswith("notice")]
+    assert notices == [
+        f"notice: the train loader cannot resume exactly: {stage}; a run resumed from a checkpoint then reads other "
+        "samples than the run that never stopped. To resume exactly, seed every shuffle of its pipeline (README: "
+        "Streaming data)"
+    ]
+
+
+@needs("webdataset")
+@pytest.mark.slow
+def test_webdataset_split_by_node_ranks_take_equal_steps_and_resume_bit_identical(tmp_path, data):
+    """5 shards of 120 samples split by node, then by 2 workers (each batching its own shards, the last batch of 120
+    samples partial): rank 0 reads 3 (23 batches an epoch), rank 1 2 (16); every rank takes 16 steps an epoch, and a
+    run killed in epoch 1 resumes bit-identical."""
+    five = web(data, "dataloader", 2, "--data.shards=5", f"--data.folder={data / 'five'}")
+    args = [*DDP, *five, "--last_checkpoint.every_n_steps=5"]
+    reference = tmp_path / "reference"
+    finish(start_fit(reference, args))
+    assert torch.load(reference / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 3 * 16
+    run_dir = killed(tmp_path, args, [], step=16 + 6)
+    finish(start_fit(run_dir, [*args, "--ckpt_path=last"]))
+    assert_same_run(reference, run_dir)

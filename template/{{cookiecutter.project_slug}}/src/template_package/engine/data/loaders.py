@@ -58,10 +58,10 @@ REMEDY = (
 
 def why_not_resumable(loader) -> str | None:
     """Why the engine cannot make `loader` resume exactly, or None when it can (or it already does)."""
+    if streams.is_stream(loader):
+        return streams.why_not_exact(loader)
     if not isinstance(loader, DataLoader):
         return f"it is a {type(loader).__name__}, not a DataLoader"
-    if isinstance(loader.dataset, IterableDataset):
-        return streams.why_not_exact(loader)
     return None
 
 
@@ -236,7 +236,7 @@ class ResumableLoaders(Callback):
         world_size, rank = trainer.world_size, trainer.global_rank
         reason = why_not_resumable(loader)
         if reason is not None:
-            self._notice(trainer, reason, streams.REMEDY if streams.is_stream(loader) else REMEDY)
+            self._notice(trainer, reason, streams.remedy(loader) if streams.is_stream(loader) else REMEDY)
         if streams.is_stream(loader):
             self.layout = None
             if reason is not None:

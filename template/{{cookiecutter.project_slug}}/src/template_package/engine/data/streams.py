@@ -37,6 +37,7 @@ Depends on torch and torchdata, and on `datasets` or `litdata` only for a loader
 """
 
 import sys
+import time
 from collections.abc import Iterator
 
 import torch
@@ -44,6 +45,7 @@ from torch.utils.data import DataLoader, IterableDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from ..errors import UsageError
+from . import webdatasets
 from .sampling import seed_of
 
 KEY = "resumable_stream"  # marks a ResumableStream's state among the loader states Lightning saves
@@ -56,12 +58,24 @@ REMEDY = (
 
 
 def is_stream(loader) -> bool:
-    return isinstance(loader, DataLoader) and isinstance(loader.dataset, IterableDataset)
+    """A loader of an iterable dataset, or a WebDataset WebLoader."""
+    reader = webdatasets.inner_loader(loader)
+    return isinstance(reader, DataLoader) and isinstance(reader.dataset, IterableDataset)
+
+
+def remedy(loader) -> str:
+    """What makes the stream `loader` reads resume exactly."""
+    if webdatasets.reads_webdataset(loader):
+        return "seed every shuffle of its pipeline (README: Streaming data)"
+    return REMEDY
 
 
 def stream_order(loader: DataLoader) -> str | None:
     """How the engine knows that the stream `loader` reads repeats an epoch's order: "epochs" (its dataset has
-    set_epoch), "state" (state_dict/load_state_dict), or None when it cannot know."""
+    set_epoch, or it is a WebDataset pipeline whose stages repeat), "state" (state_dict/load_state_dict), or None when
+    it cannot know."""
+    if webdatasets.reads_webdataset(loader):
+        return "epochs" if webdatasets.why_it_does_not_repeat(loader) is None else None
     dataset = loader.dataset
     if callable(getattr(dataset, "set_epoch", None)):
         return "epochs"
@@ -73,6 +87,8 @@ def stream_order(loader: DataLoader) -> str | None:
 def why_not_exact(loader: DataLoader) -> str | None:
     """Why a `ResumableStream` cannot make the stream `loader` reads resume exactly; None when it can."""
     order = stream_order(loader)
+    if order is None and webdatasets.reads_webdataset(loader):
+        return webdatasets.why_it_does_not_repeat(loader)
     if order is None:
         return (
             "it reads an iterable dataset without set_epoch or state_dict/load_state_dict: the engine cannot know "
@@ -80,7 +96,8 @@ def why_not_exact(loader: DataLoader) -> str | None:
         )
     if order == "state" and type(loader) not in (DataLoader, StatefulDataLoader):
         return f"it reads an iterable dataset with state_dict/load_state_dict in a {type(loader).__name__}"
-    if loader.num_workers > 0 and not getattr(loader, "in_order", True):
+    reader = webdatasets.inner_loader(loader)
+    if reader.num_workers > 0 and not getattr(reader, "in_order", True):
         return "its workers' batches are taken in the order they arrive (in_order=False)"
     return None
 
@@ -99,6 +116,8 @@ def _unsplit_hf_stream(dataset) -> bool:
 def prepared(loader: DataLoader, rank: int, world_size: int) -> DataLoader:
     """`loader`, or the same loader rebuilt over this rank's part of an HF stream that is not split yet, or as a
     StatefulDataLoader for a dataset with a state of its own."""
+    if webdatasets.is_web_loader(loader):
+        return loader
     dataset, loader_class = loader.dataset, type(loader)
     if world_size > 1 and _unsplit_hf_stream(dataset):
         from datasets.distributed import split_dataset_by_node
@@ -147,6 +166,7 @@ class ResumableStream:
     def __init__(self, loader: DataLoader, seed: int, fit_loop, rank: int = 0, world_size: int = 1,
                  group: "torch.distributed.ProcessGroup | None" = None) -> None:  # fmt: skip
         self.loader, self.seed, self.fit_loop = loader, seed, fit_loop
+        self.reader = webdatasets.inner_loader(loader)  # the DataLoader that reads the dataset, in workers or not
         self.rank, self.world_size, self.group = rank, world_size, group
         self.order = stream_order(loader)
         self.epoch: int | None = None  # the epoch being read
@@ -161,7 +181,7 @@ class ResumableStream:
         trained = self.fit_loop.epoch_loop.batch_progress.current.processed
         if self.epoch is None:  # (nothing read yet)
             return self._resume or {}
-        state = {KEY: self.order, "epoch": self.epoch, "trained": trained, "num_workers": self.loader.num_workers,
+        state = {KEY: self.order, "epoch": self.epoch, "trained": trained, "num_workers": self.reader.num_workers,
                  "world_size": self.world_size}  # fmt: skip
         if self.order == "state":
             states = [self._snapshots[trained]]
@@ -181,10 +201,10 @@ class ResumableStream:
                 f"{self.world_size}: each process reads its own part of a stream, so another number trains other "
                 f"samples; resume it on {state['world_size']}"
             )
-        if state["num_workers"] != self.loader.num_workers:
+        if state["num_workers"] != self.reader.num_workers:
             raise UsageError(
                 f"the checkpoint's train stream was read by {state['num_workers']} loader workers and this run's "
-                f"train loader has {self.loader.num_workers}: each worker builds batches of its own part of a stream, "
+                f"train loader has {self.reader.num_workers}: each worker builds batches of its own part of a stream, "
                 f"so another number trains other samples; resume with num_workers={state['num_workers']}, or start a "
                 "new run"
             )
@@ -206,7 +226,7 @@ class ResumableStream:
         return batches
 
     def _start(self, epoch: int) -> None:
-        loader = self.loader
+        loader = self.reader
         iterator = getattr(loader, "_iterator", None)
         if loader.persistent_workers and iterator is not None:  # started again: the epoch reaches new workers only
             if hasattr(iterator, "_shutdown_workers"):
@@ -215,12 +235,16 @@ class ResumableStream:
         if self.order == "epochs":
             if _litdata_loader(loader):  # its __iter__ counts the epoch up and sets it on the dataset
                 loader.current_epoch, loader.restore = epoch, False
+            elif webdatasets.reads_webdataset(self.loader):
+                webdatasets.set_epoch(self.loader, epoch)
             else:
                 loader.dataset.set_epoch(epoch)
         loader.generator = torch.Generator().manual_seed(seed_of(self.seed, epoch, self.rank))
 
     def _skip(self, batches: Iterator, count: int) -> Iterator:
-        """The epoch's batches after the first `count`, which the checkpoint's weights have trained on."""
+        """The epoch's batches after the first `count`, which the checkpoint's weights have trained on; what the
+        re-read cost is said once."""
+        started = time.perf_counter()
         for done in range(count):
             if next(batches, _END) is _END:
                 raise UsageError(
@@ -228,6 +252,9 @@ class ResumableStream:
                     f"after {count}: its order does not repeat (its set_epoch must make the order a function of the "
                     "seed and the epoch alone)"
                 )
+        if count and self.rank == 0:
+            print(f"resumed the train stream at batch {count} of epoch {self.epoch}: re-read the {count} batches "
+                  f"before it in {time.perf_counter() - started:.1f} s", file=sys.stderr)  # fmt: skip
         yield from batches
 
     def _read_with_snapshots(self, resume: dict | None) -> Iterator:
