@@ -41,6 +41,17 @@ def caches_of_the_tests_own(tmp_path_factory):
         yield
 
 
+@pytest.fixture(scope="module", autouse=True)
+def no_shared_memory_left_behind():
+    """MosaicML Streaming's shared memory, which its runs killed here leave in /dev/shm, removed after the module."""
+    shm = Path("/dev/shm")
+    before = set(shm.iterdir()) if shm.is_dir() else set()
+    yield
+    for path in (set(shm.iterdir()) if shm.is_dir() else set()) - before:
+        if path.name[:6].isdigit() and path.name[6:7] == "_":
+            path.unlink(missing_ok=True)
+
+
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> Path:
     """The folder the DataModules write their shards and chunks into (their prepare_data), shared by the module."""
@@ -368,3 +379,23 @@ def test_webdataset_split_by_node_ranks_take_equal_steps_and_resume_bit_identica
     run_dir = killed(tmp_path, args, [], step=16 + 6)
     finish(start_fit(run_dir, [*args, "--ckpt_path=last"]))
     assert_same_run(reference, run_dir)
+
+
+def mosaic(data: Path, loader: str, workers: int, *args: str) -> list[str]:
+    """The stream task on MosaicML Streaming shards (tests/mosaic_task.py)."""
+    options = task("MosaicData", f"--data.folder={data / 'mds'}", f"--data.loader={loader}",
+                   f"--data.num_workers={workers}", *args)  # fmt: skip
+    return [option.replace("stream_task.MosaicData", "mosaic_task.MosaicData") for option in options]
+
+
+@needs("streaming")
+@pytest.mark.slow
+@pytest.mark.parametrize(("loader", "workers", "cadence", "resumed_at"), [
+    ("mosaic", 0, MID_EPOCH, 50), ("mosaic", 2, MID_EPOCH, 50), ("mosaic", 0, EPOCH_END, 38),
+    ("mosaic", 2, EPOCH_END, 38), ("torch", 2, MID_EPOCH, 50)])  # fmt: skip
+def test_a_mosaicml_streaming_dataset_resumes_bit_identical(tmp_path, tmp_path_factory, data, loader, workers,
+                                                           cadence, resumed_at, capsys):  # fmt: skip
+    """A shuffled StreamingDataset in its StreamingDataLoader or torch's, SIGKILLed (its shared memory left behind)
+    and resumed: the engine gives it the run's epoch and the trained samples, which it skips itself."""
+    assert_resumes_exactly(tmp_path, tmp_path_factory, mosaic(data, loader, workers), cadence, resumed_at, capsys)
+    assert "notice" not in capsys.readouterr().err

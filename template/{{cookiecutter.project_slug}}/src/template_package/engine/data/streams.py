@@ -5,11 +5,13 @@ A stream has no index to shuffle or to resume at. What the engine needs is that 
 knows two ways a dataset says so (`stream_order`):
 - "epochs": the dataset has `set_epoch(epoch)`, its order a function of its seed, the epoch and the number of loader
   workers, as Hugging Face `datasets` streaming (a seeded `.shuffle(seed, buffer_size)` included) and litdata's
-  `StreamingDataset` have. Each epoch the engine sets the epoch, and a resumed run re-reads its epoch's stream from
-  the start and drops the batches trained before the checkpoint. The libraries' own states are not used: HF's leaves
-  its shuffle buffer out ("the shuffle buffer will be refilled"), starts every later epoch at the restored position
-  and, shuffled and read by 2 workers, raises IndexError when loaded; litdata's `StreamingDataLoader` restores until
-  its iterator has run to the end, which Lightning never lets it do (it stops at `len()`), and its next epoch raises.
+  `StreamingDataset` have; or it is a WebDataset pipeline whose shuffles repeat (webdatasets.py), or MosaicML's
+  `StreamingDataset` (mosaic.py), which skips the trained samples itself. Each epoch the engine sets the epoch, and a
+  resumed run re-reads its epoch's stream from the start and drops the batches trained before the checkpoint. The
+  libraries' own states are not used: HF's leaves its shuffle buffer out ("the shuffle buffer will be refilled"), starts
+  every later epoch at the restored position and, shuffled and read by 2 workers, raises IndexError when loaded;
+  litdata's `StreamingDataLoader` restores until its iterator has run to the end, which Lightning never lets it do (it
+  stops at `len()`), and its next epoch raises.
 - "state": the dataset has `state_dict`/`load_state_dict` and no `set_epoch`. It is read by torchdata's
   `StatefulDataLoader`, whose state is taken after every batch it reads; a checkpoint holds the one taken when the
   batches it trained had been read, and the run resumes from it.
@@ -45,7 +47,7 @@ from torch.utils.data import DataLoader, IterableDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from ..errors import UsageError
-from . import webdatasets
+from . import mosaic, webdatasets
 from .sampling import seed_of
 
 KEY = "resumable_stream"  # marks a ResumableStream's state among the loader states Lightning saves
@@ -77,6 +79,8 @@ def stream_order(loader: DataLoader) -> str | None:
     if webdatasets.reads_webdataset(loader):
         return "epochs" if webdatasets.why_it_does_not_repeat(loader) is None else None
     dataset = loader.dataset
+    if mosaic.is_streaming_dataset(dataset):
+        return "epochs"
     if callable(getattr(dataset, "set_epoch", None)):
         return "epochs"
     if callable(getattr(dataset, "state_dict", None)) and callable(getattr(dataset, "load_state_dict", None)):
@@ -215,17 +219,20 @@ class ResumableStream:
         if epoch != self.epoch:  # (Lightning makes the epoch's iterator twice when it resumes at an epoch's end)
             self._epoch_resume, self._resume = self._resume, None
         resume, self.epoch = self._epoch_resume, epoch
-        self._start(epoch)
+        skip = resume["trained"] if resume is not None and resume["epoch"] == epoch else 0
+        self._start(epoch, skip)
         if self.order == "state":
             batches = self._read_with_snapshots(resume)
+        elif mosaic.is_streaming_dataset(self.reader.dataset):  # it starts after the trained samples itself
+            batches = iter(self.loader)
         else:
-            skip = resume["trained"] if resume is not None and resume["epoch"] == epoch else 0
             batches = self._skip(iter(self.loader), skip)
         if self.world_size > 1 and _length(self.loader) is None:
             return self._while_every_rank_has_one(batches)
         return batches
 
-    def _start(self, epoch: int) -> None:
+    def _start(self, epoch: int, skip: int) -> None:
+        """Sets the epoch where the stream has one, `skip` batches trained in it already, and the workers' seeds."""
         loader = self.reader
         iterator = getattr(loader, "_iterator", None)
         if loader.persistent_workers and iterator is not None:  # started again: the epoch reaches new workers only
@@ -237,6 +244,8 @@ class ResumableStream:
                 loader.current_epoch, loader.restore = epoch, False
             elif webdatasets.reads_webdataset(self.loader):
                 webdatasets.set_epoch(self.loader, epoch)
+            elif mosaic.is_streaming_dataset(loader.dataset):
+                mosaic.start_epoch(loader.dataset, epoch, skip * loader.batch_size * self.world_size)
             else:
                 loader.dataset.set_epoch(epoch)
         loader.generator = torch.Generator().manual_seed(seed_of(self.seed, epoch, self.rank))
