@@ -30,6 +30,8 @@ class MosaicData(ValidationSplit):
         loader: "mosaic" (its StreamingDataLoader) or "torch" (a DataLoader).
     """
 
+    kit_options = {"samples": 96}  # the guarantee kit's short runs: 6 batches an epoch
+
     def __init__(self, folder: str, samples: int = 600, batch_size: int = 16, num_workers: int = 0,
                  loader: str = "mosaic") -> None:  # fmt: skip
         super().__init__()

@@ -191,3 +191,20 @@ def test_a_backbone_left_frozen_on_resume_fails_the_resume_check_naming_the_froz
     stopped = r"a run SIGKILLed mid-epoch after a checkpoint \(after 10 training steps\) and resumed differs"
     with pytest.raises(AssertionError, match=stopped + ".*Likely cause: parameters frozen in one run and trainable"):
         kit.check_exact_resume()
+
+
+def test_a_users_weighted_sampler_passes_the_resume_and_workers_checks(tmp_path):
+    kit = kit_on(tmp_path, "--data=sampled_data.WeightedData")
+    kit.check_exact_resume()
+    kit.check_workers_agree()
+
+
+needs_webdataset = pytest.mark.skipif(
+    importlib.util.find_spec("webdataset") is None, reason="webdataset is not installed: pip install -e '.[streaming]'"
+)
+
+
+@needs_webdataset
+def test_a_seeded_webdataset_stream_passes_the_resume_check(tmp_path):
+    task = ["--data=null", "--data=webdataset_task.WebDatasetData", f"--data.folder={tmp_path / 'tars'}"]
+    GuaranteeKit(tmp_path / "kit", [*STREAM, *task], env=subprocess_env()).check_exact_resume()

@@ -6,17 +6,17 @@ shuffle=True)` (or `shuffle=False`), becomes a `StatefulDataLoader` over the sam
 workers, collate function and pinning, whose order is an `EpochShuffleSampler` (a function of seed and epoch), whose
 position Lightning saves in every checkpoint, and whose samples are read through `SeededSamples` (random draws per
 (seed, epoch, index)). Plain torch's loader saves no position; torchdata's RandomSampler is inexact when a run resumes
-at an epoch boundary. A TensorDataset is gathered a batch at a time (one index operation instead of a `__getitem__`
-and a stack per sample).
+at an epoch boundary. A sampler or batch sampler of the user's own is drawn once an epoch from (seed, epoch) by a
+`DrawnOrderSampler` (drawn_order.py) and read the same way. A TensorDataset is gathered a batch at a time (one index
+operation instead of a `__getitem__` and a stack per sample).
 
 With drop_last, an epoch is whole global batches (the samples of one optimizer step on every process), and a run
-may go on on another number of processes (training/batch_layout.py). Validation loaders without a generator get one
-of their own (see ResumableLoaders). A streaming train loader (an iterable dataset) is streams.py's: the engine makes
-it exact when it can know that the stream's order repeats. A train loader that cannot be made exact gets one notice,
-on rank 0, before the first training batch: a stream whose order may not repeat, a custom sampler or batch sampler,
-sampling with replacement.
-Depends on torch, torchdata, lightning and sampling.py and streams.py, and the engine's training/batch_layout.py and
-errors.py.
+may go on on another number of processes (training/batch_layout.py); a checkpoint without a layout records why.
+Validation loaders without a generator get one of their own (see ResumableLoaders). A streaming train loader (an
+iterable dataset, a WebDataset WebLoader) is streams.py's: the engine makes it exact when it can know that the
+stream's order repeats, and otherwise gives one notice, on rank 0, before the first training batch.
+Depends on torch, torchdata, lightning, sampling.py, drawn_order.py and streams.py, and the engine's
+training/batch_layout.py and errors.py.
 """
 
 import sys

@@ -224,9 +224,9 @@ class ResumableStream:
         if self.order == "state":
             batches = self._read_with_snapshots(resume)
         elif mosaic.is_streaming_dataset(self.reader.dataset):  # it starts after the trained samples itself
-            batches = iter(self.loader)
+            batches = read_lazily(self.loader)
         else:
-            batches = self._skip(iter(self.loader), skip)
+            batches = self._skip(read_lazily(self.loader), skip)
         if self.world_size > 1 and _length(self.loader) is None:
             return self._while_every_rank_has_one(batches)
         return batches
@@ -313,6 +313,13 @@ class ResumableStream:
             next_has_one, next_agreeing = agree(following)
             yield batch
             batch, has_one, agreeing = following, next_has_one, next_agreeing
+
+
+def read_lazily(loader) -> Iterator:
+    """`loader`'s batches, its iterator (and its workers) started at the first batch asked for, as MosaicML's
+    StreamingDataLoader does: an iterator made and dropped unread starts no workers (MosaicML's workers deadlocked
+    in their barriers after torch's DataLoader had started some that were never read)."""
+    yield from loader
 
 
 def _length(loader: DataLoader) -> int | None:

@@ -1,13 +1,14 @@
-"""What the engine's streaming train loader costs: `python benchmarks/streaming.py [--library datasets|litdata]
-[--workers N] [--ddp]`.
+"""What the engine's streaming train loader costs: `python benchmarks/stream_loaders.py [--library
+datasets|litdata|webdataset|mosaic] [--workers N] [--ddp]`.
 
 Reads a stream of locally generated samples (JSON lines shards for Hugging Face `datasets` streaming with a seeded
-shuffle buffer, or chunks built by `litdata.optimize` for litdata's StreamingDataset with shuffle), batches only, no
-model: the library's own loader alone (the epoch set as its documentation shows) and the same loader as the engine
-wraps it (engine/data/streams.ResumableStream), epoch by epoch, interleaved (one of each per repeat) so that machine
-noise hits both alike. Prints each side's batches/s (median over repeats) and `ratio <x>`, the median of own/wrapped
-time per epoch: the wrapper's batches/s as a share of the library's (the goal: >= 0.98); and the same ratio of the CPU
-time each epoch took in this process and its workers, which other processes on a shared machine do not blur.
+shuffle buffer, chunks built by `litdata.optimize` for litdata's StreamingDataset with shuffle, tar shards for a seeded
+WebDataset pipeline, MDS shards for MosaicML's shuffled StreamingDataset), batches only, no model: the library's own
+loader alone (the epoch set as its documentation shows) and the same loader as the engine wraps it
+(engine/data/streams.ResumableStream), epoch by epoch, interleaved (one of each per repeat) so that machine noise hits
+both alike. Prints each side's batches/s (median over repeats) and `ratio <x>`, the median of own/wrapped time per
+epoch: the wrapper's batches/s as a share of the library's (the goal: >= 0.98); and the same ratio of the CPU time each
+epoch took in this process and its workers, which other processes on a shared machine do not blur.
 
 Then what a resume's skip costs: a stream resumed half-way through an epoch re-reads that epoch's first half and drops
 it. Printed: the time to the first batch after the skip, per sample skipped, beside the time to read a sample.
@@ -30,7 +31,9 @@ from types import SimpleNamespace
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from mosaic_task import MosaicData  # noqa: E402
 from stream_task import HFStreamData, LitStreamData  # noqa: E402
+from webdataset_task import WebDatasetData  # noqa: E402
 
 from template_package.engine.data.preparing import keeping_global_state  # noqa: E402
 from template_package.engine.data.streams import ResumableStream  # noqa: E402
@@ -47,9 +50,15 @@ def build_loader(args, folder: Path):
         shards = (args.samples // 8,) * 8
         module = HFStreamData(str(folder / "json"), shard_sizes=shards, batch_size=args.batch_size,
                               num_workers=args.workers, buffer_size=1000)  # fmt: skip
-    else:
+    elif args.library == "litdata":
         module = LitStreamData(str(folder / "chunks"), samples=args.samples, batch_size=args.batch_size,
                                num_workers=args.workers)  # fmt: skip
+    elif args.library == "webdataset":
+        module = WebDatasetData(str(folder / "tars"), samples=args.samples, batch_size=args.batch_size,
+                                num_workers=args.workers)  # fmt: skip
+    else:
+        module = MosaicData(str(folder / "mds"), samples=args.samples, batch_size=args.batch_size,
+                            num_workers=args.workers)  # fmt: skip
     keeping_global_state(module.prepare_data)()
     return module.train_dataloader()
 
@@ -57,7 +66,7 @@ def build_loader(args, folder: Path):
 def own_epoch(loader, epoch: int, library: str) -> int:
     """One epoch of the library's own loader, its epoch set the way its documentation shows."""
     if library == "datasets":
-        loader.dataset.set_epoch(epoch)  # (litdata's StreamingDataLoader counts its epochs itself)
+        loader.dataset.set_epoch(epoch)  # (litdata's, WebDataset's and MosaicML's loaders need nothing)
     return sum(1 for _ in loader)
 
 
@@ -160,7 +169,7 @@ def all_reduce_cost(rank: int, rendezvous: str, batches: int, step_ms: float) ->
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--library", choices=["datasets", "litdata"], default="datasets")
+    parser.add_argument("--library", choices=["datasets", "litdata", "webdataset", "mosaic"], default="datasets")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--samples", type=int, default=8_000)
     parser.add_argument("--batch-size", type=int, default=64)
