@@ -243,6 +243,24 @@ def test_preemption_signal_saves_at_the_next_optimizer_step_and_exits_non_zero(
     assert_same_run(reference, run_dir)
 
 
+@pytest.mark.parametrize(
+    ("data", "workers"),
+    [(["--data.augment=true"], (0, 2)), (["--data.augment=true"], (2, 1)), ([], (2, 0))],
+    ids=["drawn_0_to_2", "drawn_2_to_1", "tensors_2_to_0"],
+)
+def test_a_mid_epoch_resume_with_another_number_of_loader_workers_is_bit_identical(
+    tmp_path, tmp_path_factory, data, workers
+):
+    """num_workers is a loading option: torchdata's loader state of one number cannot be loaded into another's, so
+    the engine reads on from the trained position; each sample's noise is seeded per sample. (It crashed.)"""
+    reference = reference_run(tmp_path_factory, data)
+    run_dir = tmp_path / "run"
+    freeze = freeze_config(tmp_path, hook="on_train_batch_end", step=8)
+    kill_when_frozen(start_fit(run_dir, "-c", freeze, *data, f"--data.num_workers={workers[0]}"), tmp_path / "frozen")
+    resume_fit(run_dir, *data, f"--data.num_workers={workers[1]}")
+    assert_same_run(reference, run_dir)
+
+
 def test_ddp_two_processes_resume_bit_identical(tmp_path, tmp_path_factory):
     run_dir = assert_kill_and_resume_exact(tmp_path, tmp_path_factory, DDP, hook="on_train_batch_end", step=6)
     checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)

@@ -180,6 +180,8 @@ class ResumableLoaders(Callback):
         self._drawn: tuple[DrawnOrderSampler, int] | None = None  # the train loader's, with its positions a batch
         self._drawn_record: dict | None = None  # the resumed checkpoint's DrawnOrderSampler.record
         self._no_layout: str | None = None  # why_no_layout of the train loader
+        self._loader_states: list | None = None  # the resumed checkpoint's loader states, which Lightning loads
+        self._batches_done: tuple[int, int] | None = None  # (epoch, its batches trained) of a mid-epoch checkpoint
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
         if self.layout is not None:
@@ -196,6 +198,9 @@ class ResumableLoaders(Callback):
         for the new layout (batch_layout.move_progress)."""
         self._saved, self._resume_at = saved_layout(checkpoint), None
         self._drawn_record = checkpoint.get(DRAWN)
+        loop = checkpoint.get("loops", {}).get("fit_loop", {})
+        self._loader_states = loop.get("state_dict", {}).get("combined_loader")  # (Lightning loads this list later)
+        self._batches_done = resumed_batches(loop)
         # (Lightning loads the loader states only when it resumes inside an epoch; a stream needs its state at an
         # epoch's end too.)
         self._stream_state = streams.saved_stream(checkpoint)
@@ -207,6 +212,7 @@ class ResumableLoaders(Callback):
                 f"{trainer.world_size}: resume it on {self._saved.world_size}, or with --allow_change world_size "
                 "(ResumableLoaders(world_size_may_change=True) in a Trainer's callbacks of your own)"
             )
+        self._loader_states = self._batches_done = None  # (the move reads on from the global position itself)
         self._resume_at = move_progress(checkpoint, self._saved, self._saved.on(trainer.world_size))
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -277,9 +283,27 @@ class ResumableLoaders(Callback):
                       "from here it differs from the run that never moved", file=sys.stderr)  # fmt: skip
         return self._drawn_checked(trainer, rebuilt)
 
+    def _workers_changed(self, trainer: L.Trainer, loader: DataLoader) -> None:
+        """A mid-epoch resume with another number of loader workers (a loading option): torchdata's state of one
+        number cannot be loaded into a loader of another, so it is dropped and the engine's sampler reads on from the
+        global position trained instead; each sample's draws are seeded per sample, so the run is the same."""
+        states, done = self._loader_states, self._batches_done
+        if not states or done is None or len(states) != 1 or not isinstance(loader.sampler, EpochShuffleSampler):
+            return
+        saved = states[0].get("_snapshot", {}).get("_main_snapshot", {}).get("_num_workers", 0)  # (torchdata's)
+        if saved == loader.num_workers:
+            return
+        sampler = loader.sampler
+        per_batch = 1 if getattr(sampler, "batches", False) else sampler.batch_size or loader.batch_size
+        states.clear()
+        sampler.resume_at(done[0], done[1] * per_batch * trainer.world_size)
+
     def _drawn_checked(self, trainer: L.Trainer, loader: DataLoader) -> DataLoader:
         """Keeps the loader's DrawnOrderSampler for the checkpoints, and after a resume draws the checkpoint's epoch
         again: a notice when its positions differ (the order is not a function of the seed and the epoch)."""
+        if self._resume_at is None:
+            self._workers_changed(trainer, loader)
+        self._loader_states = self._batches_done = None
         sampler = loader.sampler
         if not isinstance(sampler, DrawnOrderSampler):
             self._drawn = None
@@ -305,3 +329,11 @@ class ResumableLoaders(Callback):
                   f"reads other samples than the run that never stopped. To resume exactly, {remedy}",
                   file=sys.stderr)  # fmt: skip
             self._noticed = True
+
+
+def resumed_batches(loop: dict) -> tuple[int, int] | None:
+    """(epoch, batches trained in it) of a checkpoint's fit loop taken inside an epoch; None at an epoch's end."""
+    if not loop:
+        return None
+    epochs, batches = loop["epoch_progress"]["current"], loop["epoch_loop.batch_progress"]["current"]
+    return (epochs["processed"], batches["ready"]) if epochs["started"] > epochs["processed"] else None

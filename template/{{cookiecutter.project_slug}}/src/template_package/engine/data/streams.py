@@ -68,7 +68,7 @@ def is_stream(loader) -> bool:
 def remedy(loader) -> str:
     """What makes the stream `loader` reads resume exactly."""
     if webdatasets.reads_webdataset(loader):
-        return "seed every shuffle of its pipeline (README: Streaming data)"
+        return "see README: Streaming data"
     return REMEDY
 
 
