@@ -6,7 +6,8 @@ only, no model, through the user's loader alone and through the engine's rebuild
 a StatefulDataLoader, a DrawnOrderSampler over the user's sampler, SeededSamples), one epoch of each per repeat,
 interleaved. For a WeightedRandomSampler and a length-bucketing batch sampler (tests/sampled_data.py), prints each
 side's samples/s (median) and `ratio <x>`: the median of own/engine time per epoch, with its spread (the goal:
->= 0.98).
+>= 0.98); and the same against the engine's rebuild of a `shuffle=True` loader of the same samples, which seeds each
+sample's draws as well: what drawing the user's sampler adds.
 
 Then what the engine adds once an epoch and once a checkpoint, for a large sampler: drawing a WeightedRandomSampler's
 epoch of a million samples (the engine's draw against the sampler's own iteration) and the fingerprint of half of it
@@ -65,17 +66,25 @@ def compare(kind: str, args) -> None:
     dataset = NoisyImages(args.samples)
     own = user_loader(kind, dataset, args.workers)
     engine = resumable_loader(user_loader(kind, dataset, args.workers), seed=42, epoch=0)
-    epoch_seconds(own, 0), epoch_seconds(engine, 0)  # warm-up
-    ratios, rates = [], {"own": [], "engine": []}
+    # The engine's own shuffle of the same samples: what drawing the user's sampler adds beyond it.
+    shuffled = resumable_loader(DataLoader(dataset, batch_size=64, shuffle=True, drop_last=True,
+                                           num_workers=args.workers), seed=42, epoch=0)  # fmt: skip
+    loaders = {"own": own, "engine": engine, "engine_shuffle": shuffled}
+    for loader in loaders.values():
+        epoch_seconds(loader, 0)  # warm-up
+    per_sample = {name: [] for name in loaders}
     for repeat in range(1, args.repeats + 1):
-        own_time, own_samples = epoch_seconds(own, repeat)
-        engine_time, engine_samples = epoch_seconds(engine, repeat)
-        rates["own"].append(own_samples / own_time)
-        rates["engine"].append(engine_samples / engine_time)
-        ratios.append((own_time / own_samples) / (engine_time / engine_samples))
+        for name, loader in loaders.items():
+            seconds, samples = epoch_seconds(loader, repeat)
+            per_sample[name].append(seconds / samples)
+    ratio = [own / engine for own, engine in zip(per_sample["own"], per_sample["engine"], strict=True)]
+    drawn = [shuffle / engine for shuffle, engine in zip(per_sample["engine_shuffle"], per_sample["engine"],
+                                                         strict=True)]  # fmt: skip
+    rate = {name: 1 / statistics.median(times) for name, times in per_sample.items()}
     print(f"{kind}, {args.workers} workers, {args.samples} samples, {args.repeats} repeats: own loader "
-          f"{statistics.median(rates['own']):.0f} samples/s, engine {statistics.median(rates['engine']):.0f} "
-          f"samples/s; ratio {statistics.median(ratios):.3f} (spread {min(ratios):.3f}-{max(ratios):.3f})")  # fmt: skip
+          f"{rate['own']:.0f} samples/s, engine {rate['engine']:.0f} samples/s; ratio {statistics.median(ratio):.3f} "
+          f"(spread {min(ratio):.3f}-{max(ratio):.3f}); against the engine's own shuffle of the same samples "
+          f"{statistics.median(drawn):.3f} (spread {min(drawn):.3f}-{max(drawn):.3f})")  # fmt: skip
 
 
 def draw_costs(args) -> None:
