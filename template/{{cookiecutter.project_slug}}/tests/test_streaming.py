@@ -58,11 +58,11 @@ def data(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("data")
 
 
-def task(data_module: str, *args: str) -> list[str]:
-    """The stream task (tests/stream_task.py) with `data_module`: 3 epochs of 38 batches, train/loss logged at every
+def task(data_module: str, *args: str, module: str = "stream_task") -> list[str]:
+    """The stream task (tests/stream_task.py) with `data_module` (of `module`): 3 epochs of 38 batches, train/loss logged at every
     step, validation on one batch. (Not limit_val_batches=1: in this process the command line parses it as 1.0, all
     the batches, where a child process parses it as one batch.)"""
-    return ["--model=null", "--model=stream_task.StreamModel", "--data=null", f"--data=stream_task.{data_module}",
+    return ["--model=null", "--model=stream_task.StreamModel", "--data=null", f"--data={module}.{data_module}",
             "--checkpoint.monitor=val/loss", "--checkpoint.mode=min", "--trainer.max_epochs=3",
             "--trainer.log_every_n_steps=1", "--trainer.enable_progress_bar=false",
             "--trainer.enable_model_summary=false", *args]  # fmt: skip
@@ -303,9 +303,8 @@ def test_each_epoch_of_a_stream_is_a_new_order_and_a_resume_reads_on_after_the_t
 
 def web(data: Path, loader: str, workers: int, *args: str) -> list[str]:
     """The stream task on WebDataset shards (tests/webdataset_task.py)."""
-    options = task("WebDatasetData", f"--data.folder={data / 'tars'}", f"--data.loader={loader}",
-                   f"--data.num_workers={workers}", *args)  # fmt: skip
-    return [option.replace("stream_task.WebDatasetData", "webdataset_task.WebDatasetData") for option in options]
+    return task("WebDatasetData", f"--data.folder={data / 'tars'}", f"--data.loader={loader}",
+                f"--data.num_workers={workers}", *args, module="webdataset_task")  # fmt: skip
 
 
 @needs("webdataset")
@@ -382,9 +381,8 @@ def test_webdataset_split_by_node_ranks_take_equal_steps_and_resume_bit_identica
 
 def mosaic(data: Path, loader: str, workers: int, *args: str) -> list[str]:
     """The stream task on MosaicML Streaming shards (tests/mosaic_task.py)."""
-    options = task("MosaicData", f"--data.folder={data / 'mds'}", f"--data.loader={loader}",
-                   f"--data.num_workers={workers}", *args)  # fmt: skip
-    return [option.replace("stream_task.MosaicData", "mosaic_task.MosaicData") for option in options]
+    return task("MosaicData", f"--data.folder={data / 'mds'}", f"--data.loader={loader}",
+                f"--data.num_workers={workers}", *args, module="mosaic_task")  # fmt: skip
 
 
 @needs("streaming")

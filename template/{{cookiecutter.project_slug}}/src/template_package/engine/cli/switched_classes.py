@@ -43,7 +43,10 @@ def classes_named(flag: str, value: str | None) -> dict[str, str | None]:
         return {}
     if flag in CONFIG_FLAGS:
         path = Path(value)
-        content = yaml.safe_load(path.read_text()) if path.is_file() else None
+        try:
+            content = yaml.safe_load(path.read_text()) if path.is_file() else None
+        except yaml.YAMLError:
+            content = None  # the parser names the broken file
         sections = content if isinstance(content, dict) else {}
         return {s: class_path_of(sections[s]) for s in SECTIONS if s in sections and has_class_path(sections[s])}
     for section in SECTIONS:

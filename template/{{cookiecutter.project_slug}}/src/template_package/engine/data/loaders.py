@@ -260,7 +260,7 @@ class ResumableLoaders(Callback):
         if reason is not None:
             if self._resume_at is not None:
                 raise UsageError(f"the train loader cannot go on on another number of processes: {reason}")
-            return self._drawn_checked(trainer, resumable_loader(loader, seed, epoch, world_size, rank))
+            return self._checked_against_the_checkpoint(trainer, resumable_loader(loader, seed, epoch, world_size, rank))
         asked = (loader.batch_size, trainer.accumulate_grad_batches)
         self.layout = BatchLayout(world_size, *asked, asked)
         if self._saved is not None and self._saved.asked == asked:  # the run's own layout, on this world size
@@ -281,7 +281,7 @@ class ResumableLoaders(Callback):
                       f"inexactly: its train dataset ({type(loader.dataset).__name__}) reads a batch at a time, its "
                       "random draws seeded per batch, and another number of processes batches other samples, so "
                       "from here it differs from the run that never moved", file=sys.stderr)  # fmt: skip
-        return self._drawn_checked(trainer, rebuilt)
+        return self._checked_against_the_checkpoint(trainer, rebuilt)
 
     def _workers_changed(self, trainer: L.Trainer, loader: DataLoader) -> None:
         """A mid-epoch resume with another number of loader workers (a loading option): torchdata's state of one
@@ -298,9 +298,10 @@ class ResumableLoaders(Callback):
         states.clear()
         sampler.resume_at(done[0], done[1] * per_batch * trainer.world_size)
 
-    def _drawn_checked(self, trainer: L.Trainer, loader: DataLoader) -> DataLoader:
-        """Keeps the loader's DrawnOrderSampler for the checkpoints, and after a resume draws the checkpoint's epoch
-        again: a notice when its positions differ (the order is not a function of the seed and the epoch)."""
+    def _checked_against_the_checkpoint(self, trainer: L.Trainer, loader: DataLoader) -> DataLoader:
+        """After a resume, fits the loader to what the checkpoint saved: its reading position when the number of
+        workers changed, and a DrawnOrderSampler's epoch drawn again (a notice when its positions differ: the order is
+        not a function of the seed and the epoch). Keeps the DrawnOrderSampler for the checkpoints."""
         if self._resume_at is None:
             self._workers_changed(trainer, loader)
         self._loader_states = self._batches_done = None

@@ -317,8 +317,8 @@ class ResumableStream:
 
 def read_lazily(loader) -> Iterator:
     """`loader`'s batches, its iterator (and its workers) started at the first batch asked for, as MosaicML's
-    StreamingDataLoader does: an iterator made and dropped unread starts no workers (MosaicML's workers deadlocked
-    in their barriers after torch's DataLoader had started some that were never read)."""
+    StreamingDataLoader does: an iterator made and dropped unread starts no workers, which MosaicML's workers would
+    wait for in their barriers."""
     yield from loader
 
 
