@@ -104,3 +104,14 @@ class Say(Callback):
         if self.text:
             print(self.text, file=sys.stderr)
             self.text = ""
+
+
+class SlowDown(Callback):
+    """Sleeps `seconds` after every training batch: a run long enough for a test to act on it (a kill once its
+    checkpoint reached a store), with the same numbers as one that does not sleep."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        time.sleep(self.seconds)

@@ -59,9 +59,9 @@ def data(tmp_path_factory) -> Path:
 
 
 def task(data_module: str, *args: str, module: str = "stream_task") -> list[str]:
-    """The stream task (tests/stream_task.py) with `data_module` (of `module`): 3 epochs of 38 batches, train/loss logged at every
-    step, validation on one batch. (Not limit_val_batches=1: in this process the command line parses it as 1.0, all
-    the batches, where a child process parses it as one batch.)"""
+    """The stream task (tests/stream_task.py) with `data_module` (of `module`): 3 epochs of 38 batches, train/loss
+    logged at every step, validation on one batch. (Not limit_val_batches=1: in this process the command line parses
+    it as 1.0, all the batches, where a child process parses it as one batch.)"""
     return ["--model=null", "--model=stream_task.StreamModel", "--data=null", f"--data={module}.{data_module}",
             "--checkpoint.monitor=val/loss", "--checkpoint.mode=min", "--trainer.max_epochs=3",
             "--trainer.log_every_n_steps=1", "--trainer.enable_progress_bar=false",

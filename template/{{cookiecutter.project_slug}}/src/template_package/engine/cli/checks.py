@@ -18,6 +18,8 @@ from lightning.pytorch.cli import LightningArgumentParser
 
 from ..data.streams import saved_stream
 from ..errors import UsageError
+from ..resume.object_lock import ObjectLock
+from ..resume.remote_run import RemoteRun
 from ..resume.run_lock import RunDirectoryBusy, RunLock
 from ..resume.whole_checkpoint import is_checkpoint, read_for_checks
 from ..training.batch_layout import NO_LAYOUT, saved_layout
@@ -104,23 +106,37 @@ def _options(parser) -> list[str]:
     return [option for option in options if not option.endswith(".help")]
 
 
-def lock_run_dir(root: Path) -> RunLock:
-    """Take the run directory for this fit, or stop: another live fit holds it, or it cannot be created."""
-    lock = RunLock(root)
+def take_run_dir(root: Path | RemoteRun, mode: str = "on") -> RunLock | ObjectLock | None:
+    """Take the run directory for this fit (a folder, or a run in object storage), or stop: another live fit holds
+    it, or it cannot be written. `mode` is --run_lock: on, takeover (a lock in object storage, at once) or off."""
+    remote = isinstance(root, RemoteRun)
+    shown = root.shown if remote else root
+    lock = None if mode == "off" else ObjectLock(root) if remote else RunLock(root)
     try:
-        lock.acquire()
+        if isinstance(lock, ObjectLock):
+            lock.acquire(takeover=mode == "takeover")
+        elif lock is not None:
+            lock.acquire()
     except RunDirectoryBusy as busy:
         raise SystemExit(
-            f"error: {root} is being trained by another fit ({busy.holder}): let it finish or stop it, or give "
+            f"error: {shown} is being trained by another fit ({busy.holder}): let it finish or stop it, or give "
             "another --trainer.default_root_dir"
         ) from None
-    except OSError as error:
-        if error.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):  # a filesystem without locks
+    except Exception as error:
+        if not remote and getattr(error, "errno", None) in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
             print(f"warning: cannot lock {root} ({error.strerror}): make sure no other fit uses it", file=sys.stderr)
-            return lock
+            return None  # (a filesystem without locks)
+        if not remote and not isinstance(error, OSError):
+            raise
+        reason = error.strerror if not remote else f"{type(error).__name__}: {str(error).strip()[:300]}"
+        advice = ", or check the store's address and credentials" if remote else ""
         raise SystemExit(
-            f"error: cannot write the run directory {root} ({error.strerror}): give another --trainer.default_root_dir"
+            f"error: cannot write the run directory {shown} ({reason}): give another --trainer.default_root_dir{advice}"
         ) from None
+    if not remote:
+        check_run_dir_writable(root)
+    elif lock is None:  # (a lock proves a store writable)
+        check_store_writable(root)
     return lock
 
 
@@ -135,6 +151,18 @@ def check_run_dir_writable(root: Path) -> None:
     except OSError as error:
         raise SystemExit(
             f"error: cannot write the run directory {root} ({error.strerror}): give another --trainer.default_root_dir"
+        ) from None
+
+
+def check_store_writable(remote: RemoteRun) -> None:
+    probe = f"{remote.root}/.write_test"
+    try:
+        remote.fs.pipe_file(probe, b"probe")
+        remote.fs.rm_file(probe)
+    except Exception as error:  # noqa: BLE001 - whatever the store answered, in one line
+        raise SystemExit(
+            f"error: cannot write the run directory {remote.shown} ({type(error).__name__}: {error}): give another "
+            "--trainer.default_root_dir, or check the store's address and credentials"
         ) from None
 
 

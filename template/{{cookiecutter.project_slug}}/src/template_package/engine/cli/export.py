@@ -23,8 +23,10 @@ import torch
 
 from ..errors import UsageError
 from ..resume.durable import CheckpointWriteError, DurableCheckpointIO
+from ..resume.remote_run import is_url
 from ..resume.whole_checkpoint import is_checkpoint, is_sharded, read_whole
 from .help import program
+from .run_directory import fetched_with_its_config
 
 FORMATS = {".onnx": "onnx", ".pt2": "torch.export", ".pt": "torchscript", ".ckpt": "checkpoint"}
 
@@ -104,6 +106,8 @@ def main(argv: list[str] | None = None) -> None:
     fmt = args.format or FORMATS.get(args.output.suffix)
     if fmt is None:
         parser.error(f"--output {args.output} has no known suffix: use .onnx, .pt2, .pt or .ckpt, or give --format")
+    if is_url(args.ckpt_path):  # a checkpoint in object storage, with its run's config.yaml where it has one
+        args.ckpt_path = fetched_with_its_config(args.ckpt_path)
     if not is_checkpoint(args.ckpt_path):
         parser.error(f"--ckpt_path {args.ckpt_path} is not a checkpoint file or sharded folder")
     if fmt == "checkpoint":

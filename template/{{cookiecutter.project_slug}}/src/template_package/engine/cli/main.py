@@ -19,11 +19,13 @@ import threading
 import warnings
 from argparse import ArgumentError
 from pathlib import Path
+from typing import Literal
 
 import lightning as L
 import torch
 from jsonargparse import Namespace
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback, _InstantiatorFn
+from lightning.pytorch.strategies import ModelParallelStrategy
 from lightning.pytorch.utilities.model_helpers import is_overridden
 
 from ..data.loaders import ResumableLoaders
@@ -31,8 +33,10 @@ from ..errors import MACHINE_FAULTS, UsageError, is_a_users_mistake, one_line, o
 from ..internals import set_batches_that_stepped
 from ..report.predictions import PredictionsCSV
 from ..resume.changes import ChangedModelSettings, check_resume_changes, loading_options
-from ..resume.durable import replace_durably
+from ..resume.durable import DurableCheckpointIO, replace_durably
 from ..resume.last_checkpoint import LastCheckpoint
+from ..resume.object_lock import ObjectLock
+from ..resume.remote_run import MirroredCheckpointIO, RemoteRun, StoreSettings, StoreSync, is_url
 from ..resume.run_lock import RunLock, is_global_rank_zero
 from ..resume.stop_signals import STOP_SIGNALS
 from ..resume.trained_state import TrainedState
@@ -44,15 +48,24 @@ from .checks import (
     check_checkpoint,
     check_checkpoint_class,
     check_logger_extras,
-    check_run_dir_writable,
     check_world_size,
     class_options,
     explain_parse_error,
-    lock_run_dir,
     names_a_class,
+    take_run_dir,
 )
 from .help import TOOL_MODULES, TOOLS, ProjectArgumentParser, program, project_description
-from .run_directory import checkpoint_dir, configure_loggers, predictions_csv, resolve_resume, run_report
+from .run_directory import (
+    checkpoint_dir,
+    configure_loggers,
+    fetched_checkpoint,
+    point_at,
+    predictions_csv,
+    resolve_resume,
+    run_of_checkpoint,
+    run_report,
+    work_in_the_store,
+)
 from .switched_classes import default_classes, with_own_defaults
 
 ENGINE = __package__.rsplit(".", 1)[0]  # this engine, wherever it was copied
@@ -96,12 +109,19 @@ class RunConfigCallback(SaveConfigCallback):
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         pass
 
+    remote: RemoteRun | None = None  # a run directory in object storage: its URL is what the config says
+
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.is_global_zero and not self.already_saved:  # in the run directory, whatever the loggers
             path = Path(trainer.default_root_dir) / self.config_filename
             path.parent.mkdir(parents=True, exist_ok=True)
             written = path.with_name(path.name + ".tmp")
-            self.parser.save(self.config, written, skip_none=False, overwrite=True, multifile=self.multifile)
+            config = self.config
+            if self.remote is not None:
+                config = config.clone()
+                config.trainer.default_root_dir = self.remote.shown
+                config.ckpt_path = config.ckpt_path and self.remote.shown_path(config.ckpt_path)
+            self.parser.save(config, written, skip_none=False, overwrite=True, multifile=self.multifile)
             replace_durably(written, path)
         self.already_saved = True
 
@@ -116,8 +136,9 @@ class ProjectCLI(LightningCLI):
 
     def __init__(self, *args, run_subcommand: bool = True, **kwargs) -> None:
         self.run_subcommand = run_subcommand
-        self.run_lock: RunLock | None = None
-        self.run_dir: Path | None = None  # fit's, once parsed
+        self.run_lock: RunLock | ObjectLock | None = None
+        self.run_dir: Path | None = None  # fit's, once parsed (a run in object storage: its local folder)
+        self.remote: RemoteRun | None = None  # a run directory in object storage
         self.checkpoint: dict | None = None  # --ckpt_path, memory-mapped, once parsed
         self._built_data: L.LightningDataModule | None = None
         try:
@@ -130,6 +151,8 @@ class ProjectCLI(LightningCLI):
                 raise
             raise SystemExit(f"error: {one_line(error, self.run_dir)}") from None
         finally:
+            if self.remote is not None:
+                self._finish_uploads(self.remote.settings.stop_timeout)
             if self.run_lock is not None:
                 self.run_lock.release()
 
@@ -184,6 +207,12 @@ class ProjectCLI(LightningCLI):
             help="options, comma-separated, that may differ from the checkpoint's when fit resumes a run (see "
             "resume/changes.py), e.g. model.lr,data.batch_size: the run goes on with the new values, no longer exactly",
         )  # fmt: skip
+        parser.add_argument(
+            "--run_lock", type=Literal["on", "off", "takeover"], default="on",
+            help="one fit at a time per run directory: on; takeover: take over the lock of a run in object storage "
+            "whose machine is gone without waiting for it to expire; off: no lock (a store without conditional writes)",
+        )  # fmt: skip
+        parser.add_class_arguments(StoreSettings, "store")
 
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
         """Parse, then check what was given, before LightningCLI reads a checkpoint or builds anything."""
@@ -197,21 +226,25 @@ class ProjectCLI(LightningCLI):
             raise SystemExit(f"error: {explain_parse_error(str(error), self.parser)}") from None
         subcommand = self.config.get("subcommand")
         config = self.config[subcommand]
-        if subcommand == "fit":
-            root = Path(config.trainer.default_root_dir)
-            if is_global_rank_zero():  # one lock and one probe per job, not one per process
-                self.run_lock = lock_run_dir(root)
-                check_run_dir_writable(root)
-            self.run_dir = root
-            resolve_resume(config)
-        elif config.ckpt_path:
+        if subcommand != "fit" and config.ckpt_path:
             self._in_the_checkpoints_run(config, self._subcommand_parsers[subcommand].get_defaults())
+        root = str(config.trainer.default_root_dir)
+        self.remote = RemoteRun(root, config.store) if is_url(root) else None
+        if subcommand == "fit" and is_global_rank_zero():  # one lock and one probe per job, not one per process
+            self.run_lock = take_run_dir(self.remote or Path(root), config.run_lock)
+        if self.remote is not None:
+            work_in_the_store(config, self.remote, fit=subcommand == "fit")
+        elif config.ckpt_path:
+            config.ckpt_path = fetched_checkpoint(config.ckpt_path)
+        if subcommand == "fit":
+            self.run_dir = Path(config.trainer.default_root_dir)
+            resolve_resume(config, self.shown)
         self.checkpoint = check_checkpoint(config.ckpt_path, config.weights_only) if config.ckpt_path else None
         if self.checkpoint is not None:
             check_checkpoint_class(config.ckpt_path, self.checkpoint, config)
         resumed_step = (steps_in(self.checkpoint) if self.checkpoint else 0) if subcommand == "fit" else None
         check_logger_extras(config.trainer.logger)
-        configure_loggers(config, resumed_step)
+        configure_loggers(config, resumed_step, run_name=self.remote.shown if self.remote else None)
 
     def _run_subcommand(self, subcommand: str) -> None:
         if self.run_subcommand:
@@ -219,17 +252,17 @@ class ProjectCLI(LightningCLI):
         else:
             self._check_architecture()
 
+    def shown(self, path: Path | str) -> str:
+        """A path of the run as the user named it: the URL for a run directory in object storage."""
+        return self.remote.shown_path(path) if self.remote is not None else str(path)
+
     @staticmethod
     def _in_the_checkpoints_run(config, defaults) -> None:
-        """validate, test and predict of a checkpoint in a run directory (`DIR/checkpoints/X.ckpt`) write their logs
-        and predictions.csv into that run, unless --trainer.default_root_dir names another."""
-        checkpoints = Path(config.ckpt_path).parent
-        if checkpoints.name != "checkpoints" or config.trainer.default_root_dir != defaults.trainer.default_root_dir:
-            return
-        root = str(checkpoints.parent)
-        config.trainer.default_root_dir = root
-        config.checkpoint.dirpath = config.last_checkpoint.dirpath = checkpoint_dir(root)
-        config.predictions.path = predictions_csv(root)
+        """validate, test and predict of a checkpoint in a run directory (`DIR/checkpoints/X.ckpt`, a path or a URL)
+        write their logs and predictions.csv into that run, unless --trainer.default_root_dir names another."""
+        root = run_of_checkpoint(config.ckpt_path)
+        if root is not None and config.trainer.default_root_dir == defaults.trainer.default_root_dir:
+            point_at(config, root)
 
     def before_instantiate_classes(self) -> None:
         follow_the_monitored_metric(self.config[self.subcommand])
@@ -269,6 +302,10 @@ class ProjectCLI(LightningCLI):
             check_architecture(self.config_init[self.subcommand].ckpt_path, self.checkpoint, self.model)
 
     def _before_evaluation(self) -> None:
+        if self.remote is not None:
+            say_the_url(self.trainer, self.remote)
+            if is_global_rank_zero():  # its logs and predictions go to the store at the end
+                self.remote.start_uploads()
         self._check_architecture()
         if self.checkpoint is not None:
             # Its metrics go beside the run's own, at the step the checkpoint was taken (training/steps.py's x-axis;
@@ -280,6 +317,8 @@ class ProjectCLI(LightningCLI):
     def before_fit(self) -> None:
         # The predictions writer only serves predict; in fit it would only cost every training hook a call.
         self.trainer.callbacks[:] = [c for c in self.trainer.callbacks if not isinstance(c, PredictionsCSV)]
+        if self.remote is not None:
+            self._keep_in_the_store(self.trainer, self.remote)
         if self.checkpoint is not None:  # the classes are built and the trainer knows its world size: nothing ran yet
             config = self.config_init["fit"]
             allowed = config.allow_change.split(",")
@@ -298,9 +337,53 @@ class ProjectCLI(LightningCLI):
                         callback.world_size_may_change = True
         self._check_architecture()
 
+    def _keep_in_the_store(self, trainer: L.Trainer, remote: RemoteRun) -> None:
+        """A fit whose run directory is in object storage: its checkpoints and logs written locally and uploaded in
+        the background by the global rank 0 (resume/remote_run.py); config.yaml names the URL."""
+        if isinstance(trainer.strategy, ModelParallelStrategy):
+            raise UsageError(
+                f"--trainer.default_root_dir {remote.shown}: a sharded checkpoint (configs/fsdp.yaml) cannot be kept "
+                "in object storage yet; give a local or shared folder"
+            )
+        say_the_url(trainer, remote)
+        if not is_global_rank_zero():
+            return
+        if type(trainer.strategy.checkpoint_io) is not DurableCheckpointIO:
+            raise UsageError(
+                f"--trainer.default_root_dir {remote.shown}: a run in object storage writes its checkpoints with the "
+                f"engine's own CheckpointIO, not {type(trainer.strategy.checkpoint_io).__name__}: leave the plugin out"
+            )
+        uploads = remote.start_uploads()
+        lock = self.run_lock if isinstance(self.run_lock, ObjectLock) else None
+        trainer.strategy.checkpoint_io = MirroredCheckpointIO(uploads, lock)
+        trainer.callbacks.insert(0, StoreSync(uploads))
+
+    def _finish_uploads(self, timeout: float | None) -> None:
+        """Upload what is left of a run in object storage (within `timeout`), or say where it is kept."""
+        remote, self.remote = self.remote, None
+        if not remote.finish(timeout) and remote.uploads.error is None:
+            print(f"error: the run's last files did not reach {remote.shown} within {timeout:g} s: they are kept in "
+                  f"{remote.local}", file=sys.stderr)  # fmt: skip
+        elif remote.uploads is not None and STOP_SIGNALS.exit_code is not None:
+            print(f"uploaded to {remote.shown}: continue the run with --ckpt_path last", file=sys.stderr)
+        remote.close()
+
     def after_fit(self) -> None:
+        if self.remote is not None and self.remote.uploads is not None:  # the report comes once all is in the store
+            remote = self.remote
+            if not remote.finish(None):
+                raise remote.uploads.error
         if self.trainer.is_global_zero and not self.trainer.fast_dev_run:
-            print(run_report(self.trainer, Path(self.config_init["fit"].trainer.default_root_dir)))
+            print(run_report(self.trainer, Path(self.config_init["fit"].trainer.default_root_dir), self.shown))
+
+
+def say_the_url(trainer: L.Trainer, remote: RemoteRun) -> None:
+    """The callbacks that save a run's paths save the URL of a run in object storage, not its local folder."""
+    for callback in trainer.callbacks:
+        if isinstance(callback, RunConfigCallback):
+            callback.remote = remote
+        elif isinstance(callback, BestCheckpoints):
+            callback.moved = (str(remote.local), remote.shown)
 
 
 def main(args: list[str] | None = None) -> ProjectCLI:

@@ -260,7 +260,8 @@ class ResumableLoaders(Callback):
         if reason is not None:
             if self._resume_at is not None:
                 raise UsageError(f"the train loader cannot go on on another number of processes: {reason}")
-            return self._checked_against_the_checkpoint(trainer, resumable_loader(loader, seed, epoch, world_size, rank))
+            rebuilt = resumable_loader(loader, seed, epoch, world_size, rank)
+            return self._checked_against_the_checkpoint(trainer, rebuilt)
         asked = (loader.batch_size, trainer.accumulate_grad_batches)
         self.layout = BatchLayout(world_size, *asked, asked)
         if self._saved is not None and self._saved.asked == asked:  # the run's own layout, on this world size

@@ -83,7 +83,8 @@ class RunMLFlowLogger(MLFlowLogger):
     def __init__(self, tracking_uri: str, experiment_name: str = "default", run_dir: str = ".", **kwargs) -> None:
         if importlib.util.find_spec("mlflow") is None:
             raise ModuleNotFoundError('the MLflow logger needs mlflow: pip install -e ".[mlflow]"')
-        self.run_dir, self.tracking_uri = str(Path(run_dir).resolve()), tracking_uri
+        self.run_dir = run_dir if "://" in run_dir else str(Path(run_dir).resolve())  # a folder, or a run's URL
+        self.tracking_uri = tracking_uri
         super().__init__(experiment_name=experiment_name, tracking_uri=tracking_uri, run_name=Path(run_dir).name,
                          tags={"run_dir": self.run_dir}, **kwargs)  # fmt: skip
         self._logged: dict[str, set[int]] = {}  # steps the MLflow run holds, by metric

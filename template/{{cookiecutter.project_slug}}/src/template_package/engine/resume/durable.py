@@ -125,6 +125,14 @@ class DurableCheckpointIO(TorchCheckpointIO):
     def write(self, checkpoint: dict[str, Any], file: BinaryIO) -> None:
         torch.save(checkpoint, file)
 
+    def logs_flushed(self) -> None:
+        """Called in the training thread once the loggers are flushed, before a last.ckpt write: a run directory in
+        object storage reads the loggers' files here (remote_run.MirroredCheckpointIO)."""
+
+    def failure(self) -> Exception | None:
+        """What must stop training now, asked at every step (a run directory in object storage whose store failed)."""
+        return None
+
     def load_checkpoint(self, path, *args, **kwargs) -> dict[str, Any]:
         if is_sharded(path):  # (one process, or DDP: every process reads every shard)
             return read_whole(path, weights_only=kwargs.get("weights_only") is not False)

@@ -28,6 +28,7 @@ from ..training.steps import KEY as STEPS
 from ..training.steps import steps_in, training_steps
 from .durable import CheckpointWriteError, DurableCheckpointIO
 from .finished_epochs import keep_finished_epochs_finished
+from .remote_run import is_url, redacted
 from .stop_signals import STOP_SIGNALS
 from .validation import dump_checkpoint
 
@@ -82,6 +83,11 @@ class LastCheckpoint(Checkpoint):
     def __init__(self, dirpath: str, every_n_steps: int = 1000) -> None:
         if every_n_steps < 0:
             raise UsageError(f"every_n_steps={every_n_steps} must be >= 0 (0 writes at every epoch end)")
+        if is_url(dirpath):
+            raise UsageError(
+                f"LastCheckpoint(dirpath={redacted(str(dirpath))!r}) is a URL: give it a local folder (the CLI keeps a "
+                "run directory in object storage through a local one, resume/remote_run.py)"
+            )
         self.dirpath = Path(dirpath)
         self.every_n_steps = every_n_steps
         self._saved_at = -1  # the training steps of the state last staged, or of the checkpoint resumed
@@ -255,12 +261,16 @@ class LastCheckpoint(Checkpoint):
     def _stopping(self, trainer: L.Trainer) -> bool:
         """Whether to stop now: a signal reached a rank, or a write failed. Every rank must agree, or the ranks would
         stop at different steps. A failed write raises here, on every rank."""
-        failed = self._write is not None and self._write.done() and self._write.exception() is not None
+        lost = self._io.failure()  # (a run directory in object storage whose store failed for good)
+        write_failed = self._write is not None and self._write.done() and self._write.exception() is not None
+        failed = lost is not None or write_failed
         stop = STOP_SIGNALS.received is not None or failed
         if trainer.world_size > 1:
             stop = trainer.strategy.reduce_boolean_decision(stop, all=False)
             if stop and trainer.strategy.reduce_boolean_decision(failed, all=False) and not failed:
                 raise SystemExit(f"rank {trainer.global_rank}: stopping, rank 0 could not write {self.path}")
+        if lost is not None:
+            raise lost
         if failed:
             self._wait_for_write()  # raises the write's error
         return stop
@@ -294,6 +304,7 @@ class LastCheckpoint(Checkpoint):
         self._staged = None
         for logger in trainer.loggers:
             logger.save()
+        self._io.logs_flushed()
         if self._writes_in_background(trainer):
             self._write = self._writer.submit(self._write_in_background, state, copied)
         else:

@@ -46,6 +46,19 @@ class BestCheckpoints(ModelCheckpoint):
         self._checked = False
         self._before_validation: set[str] = set()
 
+    # (local folder, URL) of a run directory in object storage, set by the CLI: its checkpoints save their files'
+    # paths under the URL, which a run resumed on another machine reads back into its own local folder.
+    moved: tuple[str, str] | None = None
+
+    def state_dict(self) -> dict:
+        state = super().state_dict()
+        return state if self.moved is None else with_paths_moved(state, *self.moved)
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        if self.moved is not None:
+            state_dict = with_paths_moved(state_dict, self.moved[1], self.moved[0])
+        super().load_state_dict(state_dict)
+
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
         if stage == "fit" and not self.monitor and trainer.is_global_zero:
@@ -75,6 +88,19 @@ class BestCheckpoints(ModelCheckpoint):
             "--checkpoint.monitor to a metric it logs with self.log (and --checkpoint.mode min or max), in "
             "configs/default.yaml for good, or null for last.ckpt only"
         )
+
+
+def with_paths_moved(state: dict, old: str, new: str) -> dict:
+    """A ModelCheckpoint's state with each path under `old` put under `new` (best_k_models' keys too)."""
+
+    def moved(value):
+        if isinstance(value, str) and (value == old or value.startswith(old + "/")):
+            return new + value[len(old) :]
+        if isinstance(value, dict):
+            return {moved(key): moved(item) for key, item in value.items()}
+        return value
+
+    return moved(state)
 
 
 class EarlyStopping(LightningEarlyStopping):

@@ -1,0 +1,1 @@
+"""What several test files share: servers the tests start, and ways to compare runs."""
