@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import STAND_IN, WarmProcess, cli, extra_config, started, subprocess_env
+from conftest import PROJECT_ROOT, STAND_IN, WarmProcess, cli, extra_config, started, subprocess_env
 from helpers.object_store import S3Server, TcpProxy, client_env
 from test_resume import assert_same_run, reference_run
 
@@ -164,6 +164,23 @@ def test_credentials_in_the_url_never_reach_the_output_or_config_yaml(bucket, ca
     assert f":{secret}@" not in shown.out + shown.err
     config = store().cat(f"{bucket}/keyed/config.yaml").decode()
     assert f":{secret}@" not in config and f"default_root_dir: s3://{bucket}/keyed" in config
+
+
+def test_a_store_whose_package_is_missing_stops_before_any_work_naming_it(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "gcsfs", None)  # (as where it is not installed)
+    with pytest.raises(SystemExit) as stop:
+        cli("fit", "--trainer.default_root_dir=gs://bucket/run", *BASE)
+    assert stop.value.code == "error: gs://bucket/run needs gcsfs: pip install gcsfs"
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_sharded_run_in_the_store_is_refused_in_one_line(bucket, tmp_path):
+    fsdp = ["-c", str(PROJECT_ROOT / "configs" / "fsdp.yaml"), "--trainer.accelerator=cpu", "--trainer.devices=1",
+            "--trainer.precision=32-true"]  # fmt: skip
+    with pytest.raises(SystemExit) as stop:
+        cli("fit", f"--trainer.default_root_dir=s3://{bucket}/sharded", *BASE, *fsdp)
+    assert "a sharded checkpoint (configs/fsdp.yaml) cannot be kept in object storage yet" in str(stop.value.code)
+    assert not store().exists(f"{bucket}/sharded/checkpoints"), "refused before any training"
 
 
 @pytest.mark.slow

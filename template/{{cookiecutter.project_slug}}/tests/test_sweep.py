@@ -196,8 +196,20 @@ def test_under_ddp_rank_0_decides_and_every_rank_stops_together(tmp_path):
             "cannot open the study storage sqlite:////no/such/folder/study.db (",
         ),
         (["--sweep.nn_trials=3"], "unknown option sweep.nn_trials: use one of dir, n_trials, "),
+        (
+            ["--sweep.dir=s3://bucket/sweep"],
+            "sweep.dir=s3://bucket/sweep: its SQLite study cannot live in object storage",
+        ),
     ],
-    ids=["unknown_option", "empty_choices", "low_above_high", "negative_n_trials", "bad_storage", "unknown_setting"],
+    ids=[
+        "unknown_option",
+        "empty_choices",
+        "low_above_high",
+        "negative_n_trials",
+        "bad_storage",
+        "unknown_setting",
+        "in_object_storage",
+    ],  # fmt: skip
 )
 def test_a_mistake_in_a_sweep_costs_one_line_and_no_trial(tmp_path, args, message):
     folder = tmp_path / "sweep"

@@ -56,6 +56,7 @@ import yaml
 
 from ..cli.help import program
 from ..errors import UsageError
+from ..resume.remote_run import is_url, redacted
 from ..resume.run_lock import RunLock
 from ..warm_start import WarmStart
 from .report import ReportToTrial, pruner
@@ -155,6 +156,12 @@ def read_config(path: str) -> dict:
 
 
 def check_settings(settings: SweepSettings) -> None:
+    if is_url(settings.dir):
+        where = "its SQLite study cannot live in object storage, and " if settings.storage is None else ""
+        raise SweepError(
+            f"sweep.dir={redacted(settings.dir)}: {where}a sweep's trials are kept in a local or shared folder: give "
+            "one (a trial's fit can still be resumed on another machine from its folder, copied)"
+        )
     if not isinstance(settings.n_trials, int) or settings.n_trials < 0:
         raise SweepError(f"sweep.n_trials={settings.n_trials!r} must be a whole number >= 0 (0 shows the results)")
     if not isinstance(settings.folds, int) or isinstance(settings.folds, bool) or settings.folds < 1:
