@@ -5,7 +5,9 @@ may be a URL of object storage (`s3://bucket/run`): the command then works in a 
 read into and uploaded from (resume/remote_run.py), and says the URL wherever it names a path.
 """
 
+import atexit
 import contextlib
+import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -94,15 +96,22 @@ def work_in_the_store(config, remote: RemoteRun, fit: bool) -> None:
     point_at(config, str(remote.local))
 
 
+def temporary_folder() -> Path:
+    """A new folder, removed when the process exits."""
+    folder = Path(tempfile.mkdtemp(prefix="checkpoint-"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return folder
+
+
 def fetched_checkpoint(ckpt_path: str) -> str:
     """A checkpoint named by URL, for a run directory on this machine: read into a temporary folder."""
-    return str(fetch(ckpt_path, Path(tempfile.mkdtemp(prefix="checkpoint-")))) if is_url(ckpt_path) else ckpt_path
+    return str(fetch(ckpt_path, temporary_folder())) if is_url(ckpt_path) else ckpt_path
 
 
 def fetched_with_its_config(url: str) -> str:
     """A checkpoint named by URL read into a temporary folder, as `checkpoints/X.ckpt` beside its run's config.yaml
     when it sits in a run directory; its local path."""
-    folder, run = Path(tempfile.mkdtemp(prefix="checkpoint-")), run_of_checkpoint(url)
+    folder, run = temporary_folder(), run_of_checkpoint(url)
     if run is not None:
         with contextlib.suppress(SystemExit):  # (a run without config.yaml: the default config builds the model)
             fetch(f"{run}/config.yaml", folder)
