@@ -218,3 +218,15 @@ def extra_config(path: Path, callbacks: list[dict] = (), plugins: list[dict] = (
         trainer["plugins"] = list(plugins)
     path.write_text(yaml.safe_dump({"trainer": trainer}))
     return str(path)
+
+
+@pytest.fixture
+def small_disk(tmp_path) -> Path:
+    """A 24 MiB tmpfs mounted for this test (root only), unmounted after it."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(disk)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here to fill up: {mounted.stderr.decode().strip()}")
+    yield disk
+    subprocess.run(["umount", "-l", str(disk)], check=True)

@@ -10,7 +10,8 @@ import pytest
 import torch
 from conftest import cli, extra_config, resume, scalars
 from elastic_task import recorded_steps
-from test_resume import DDP, finish, kill_when_frozen, start_fit
+from helpers.records import record
+from helpers.runs import DDP, finish, kill_when_frozen, start_fit
 from torch.utils.data import DataLoader, Dataset
 
 from template_package.engine.data.loaders import resumable_loader
@@ -27,12 +28,6 @@ STEPS = 2 * 19
 # The runs sum the same gradients in another order (per-device means, gloo's all-reduce, the accumulation): float32
 # rounding. Measured after 38 steps: a step's loss differs by at most 5e-7, a weight (up to 0.39) by 6e-8.
 TOLERANCE = 1e-5
-
-
-def record(tmp_path: Path, name: str) -> tuple[str, Path]:
-    path = tmp_path / f"{name}.jsonl"
-    callback = {"class_path": "elastic_task.RecordSteps", "init_args": {"path": str(path)}}
-    return extra_config(tmp_path / f"{name}.yaml", callbacks=[callback]), path
 
 
 def killed_run(tmp_path: Path, args: list[str], step: int = 12, every: int = 5, saved: int = 10) -> tuple[Path, Path]:

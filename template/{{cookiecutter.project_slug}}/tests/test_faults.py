@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import PROJECT_ROOT, QUICK, STAND_IN, cli, extra_config, resume, scalars, subprocess_env
-from test_resume import (
+from helpers.disks import fill
+from helpers.runs import (
     BASE,
     assert_same_run,
     finish,
@@ -126,30 +127,6 @@ def test_a_file_size_limit_stops_the_run_at_the_first_write(tmp_path, run_dir):
     )
     assert "Traceback" not in result.stderr
     assert not list(last.parent.glob("*"))
-
-
-@pytest.fixture
-def small_disk(tmp_path) -> Path:
-    """A 24 MiB tmpfs mounted for this test (root only), unmounted after it."""
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(disk)], capture_output=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here to fill up: {mounted.stderr.decode().strip()}")
-    yield disk
-    subprocess.run(["umount", "-l", str(disk)], check=True)
-
-
-def fill(disk: Path) -> Path:
-    filler = disk / "filler"
-    with filler.open("wb") as f:
-        try:
-            while True:
-                f.write(b"\0" * (1 << 20))
-                f.flush()
-        except OSError:
-            pass
-    return filler
 
 
 @pytest.mark.slow

@@ -13,7 +13,7 @@ import torch
 import yaml
 from conftest import PROJECT_ROOT, QUICK, cli, resume, scalars
 from finetune_task import save_pretrained
-from test_resume import (
+from helpers.runs import (
     assert_same_run,
     freeze_config,
     kill_when_frozen,

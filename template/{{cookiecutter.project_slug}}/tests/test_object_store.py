@@ -17,7 +17,7 @@ import torch
 import yaml
 from conftest import PROJECT_ROOT, STAND_IN, WarmProcess, cli, extra_config, started, subprocess_env
 from helpers.object_store import S3Server, TcpProxy, client_env
-from test_resume import assert_same_run, reference_run
+from helpers.runs import assert_same_run, reference_run
 
 s3fs = pytest.importorskip("s3fs", reason='a run in object storage needs s3fs: pip install -e ".[s3]"')
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import PROJECT_ROOT, QUICK, cli, extra_config
-from test_resume import (
+from helpers.runs import (
     assert_kill_and_resume_exact,
     assert_same_run,
     reference_run,

@@ -6,7 +6,7 @@ sampler whose order is not a function of the seed and the epoch gets one notice 
 import pytest
 import torch
 from conftest import QUICK, STAND_IN, cli, resume
-from test_resume import (
+from helpers.runs import (
     BASE,
     DDP,
     KILL_POINTS,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from conftest import PROJECT_ROOT, extra_config, subprocess_env
-from test_resume import BASE, DDP, assert_same_run, freeze_config, reference_run, wait_until_frozen
+from helpers.runs import BASE, DDP, assert_same_run, freeze_config, reference_run, wait_until_frozen
 
 pytestmark = pytest.mark.slow
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))

@@ -19,19 +19,18 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
-import yaml
 from conftest import PROJECT_ROOT, QUICK, cli, extra_config, scalars
 from elastic_task import recorded_steps
-from test_elastic import record
-from test_faults import fill, small_disk  # noqa: F401 - a fixture
-from test_resume import assert_same_state, finish, kill_group, start_fit, wait_until_frozen
+from helpers.disks import fill
+from helpers.records import record
+from helpers.runs import assert_same_state, finish, kill_group, start_fit, wait_until_frozen
+from helpers.sharded import FSDP, assert_no_leftovers, assert_same_sharded_run, faulty, is_running, last_ckpt
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.filesystem import FileSystem
 
 from template_package.engine.resume.whole_checkpoint import is_sharded, read_shards, read_whole, saved_step
 from template_package.engine.training.sharding import ShardedStrategy
 
-FSDP = str(PROJECT_ROOT / "configs" / "fsdp.yaml")
 ON_2 = ["-c", FSDP, "--trainer.accelerator=cpu", "--trainer.devices=2", "--trainer.precision=32-true"]
 # The stand-in with dropout (each process draws its own masks), 2 epochs of 9 optimizer steps on 2 processes,
 # last.ckpt at every step, train/loss logged at every step.
@@ -39,47 +38,10 @@ RUN = [*ON_2, "--model.dropout=0.3", "--trainer.max_epochs=2", "--trainer.limit_
        "--last_checkpoint.every_n_steps=1", "--trainer.log_every_n_steps=1"]  # fmt: skip
 
 
-def last_ckpt(run_dir: Path) -> Path:
-    return run_dir / "checkpoints" / "last.ckpt"
-
-
-def faulty(tmp_path: Path, **init_args) -> str:
-    """A config whose strategy is sharded_faults.FaultyShardedStrategy (a fault inside one rank's save)."""
-    strategy = {"class_path": "sharded_faults.FaultyShardedStrategy",
-                "init_args": {"marker": str(tmp_path / "frozen"), **init_args}}  # fmt: skip
-    path = tmp_path / "faulty.yaml"
-    path.write_text(yaml.safe_dump({"trainer": {"strategy": strategy}}))
-    return str(path)
-
-
-def assert_same_sharded_run(reference: Path, run_dir: Path) -> None:
-    """Every weight, optimizer and schedule state, generator and loop counter bit for bit, and the same logged
-    train/loss series."""
-    ref, got = read_whole(last_ckpt(reference)), read_whole(last_ckpt(run_dir))
-    for key in ("state_dict", "optimizer_states", "lr_schedulers", "global_step", "epoch", "rng_states", "loops"):
-        assert_same_state(ref[key], got[key], key)
-    assert scalars(run_dir)["train/loss"] == scalars(reference)["train/loss"]
-
-
-def assert_no_leftovers(run_dir: Path) -> None:
-    """Nothing in checkpoints/ but links and the folders they point to."""
-    entries = list((run_dir / "checkpoints").iterdir())
-    linked = {os.readlink(entry) for entry in entries if entry.is_symlink()}
-    assert {e.name for e in entries if not e.is_symlink()} == linked
-
-
 def stderr_after(process, since: float) -> tuple[str, float]:
     """The process's stderr once it has ended, and the seconds from `since` (a time.time()) to its end."""
     _, err = process.communicate(timeout=120)
     return err, time.time() - since
-
-
-def is_running(pid: int) -> bool:
-    """Whether the process exists and is not a zombie (one that ended, not yet reaped by its new parent)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 @pytest.fixture(scope="module")
@@ -173,7 +135,7 @@ def test_a_failing_or_stalled_rank_stops_every_process_with_one_line(tmp_path, f
 
 
 @pytest.mark.slow
-def test_a_disk_that_fills_up_during_a_sharded_save_keeps_the_previous_last_ckpt(tmp_path, small_disk):  # noqa: F811
+def test_a_disk_that_fills_up_during_a_sharded_save_keeps_the_previous_last_ckpt(tmp_path, small_disk):
     """Frozen after step 5 (last.ckpt: step 4 or 5), the disk is filled but for 64 KiB: the events still fit, the
     next save's shards (76 and 131 KiB) do not. The run stops with one line; last.ckpt is the same folder, byte for
     byte, and no half-written folder is left."""

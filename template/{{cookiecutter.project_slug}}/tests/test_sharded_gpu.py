@@ -14,8 +14,8 @@ import lightning as L
 import pytest
 import torch
 from conftest import cli, extra_config, scalars
-from test_resume import finish, kill_group, start_fit, wait_until_frozen
-from test_sharded import FSDP, assert_no_leftovers, assert_same_sharded_run, faulty, is_running, last_ckpt
+from helpers.runs import finish, kill_group, start_fit, wait_until_frozen
+from helpers.sharded import FSDP, assert_no_leftovers, assert_same_sharded_run, faulty, is_running, last_ckpt
 
 from template_package.engine.resume.whole_checkpoint import read_whole
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from conftest import PROJECT_ROOT, extra_config, subprocess_env
-from test_resume import BASE, DDP, assert_same_run, freeze_config, reference_run
+from helpers.runs import BASE, DDP, assert_same_run, freeze_config, reference_run
 
 pytestmark = [
     pytest.mark.slow,

@@ -14,8 +14,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 from conftest import WarmProcess, cli, extra_config, resume, scalars, started
+from helpers.runs import assert_same_run, finish, freeze_config, kill_when_frozen
 from stream_task import HeldOrder, HFStreamData, LitStreamData, UnseededDraws
-from test_resume import assert_same_run, finish, freeze_config, kill_when_frozen
 from torch.utils.data import DataLoader
 
 from template_package.engine.data import streams

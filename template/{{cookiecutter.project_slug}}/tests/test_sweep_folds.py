@@ -7,7 +7,7 @@ import pytest
 import torch
 import yaml
 from conftest import cli, scalars
-from test_sweep import finish_sweep, start_sweep, sweep_command
+from helpers.sweeps import finish_sweep, start_sweep, sweep_command
 
 from template_package.engine.data.folds import fold_indices
 

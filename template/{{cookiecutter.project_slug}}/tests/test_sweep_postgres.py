@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import cli
-from test_sweep import finish_sweep, start_sweep, sweep_command
+from helpers.sweeps import finish_sweep, start_sweep, sweep_command
 
 optuna = pytest.importorskip("optuna", reason='sweeps need the sweep extra: pip install -e ".[sweep]"')
 psycopg = pytest.importorskip("psycopg", reason='a PostgreSQL study needs the sweep extra: pip install -e ".[sweep]"')

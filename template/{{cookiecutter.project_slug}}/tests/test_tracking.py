@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 from conftest import cli, extra_config
-from test_resume import DDP, assert_same_run, reference_run, run_killed_and_resumed
+from helpers.runs import DDP, assert_same_run, reference_run, run_killed_and_resumed
 
 LOGGERS = "template_package.engine.report.loggers"
 

@@ -4,20 +4,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from classifier_task import CLASSIFIER
-from conftest import cli, cli_subprocess
+from classifier_task import CLASSIFIER, error_line
+from conftest import cli_subprocess
 from PIL import Image
 
 from template_package.classifier.data import check_finite
-
-
-def error_line(*args: str) -> str:
-    """Run the CLI on the example in this process and return its error message, checked to be one line."""
-    with pytest.raises(SystemExit) as exit_info:
-        cli(*args, task=CLASSIFIER)
-    message = str(exit_info.value.code)
-    assert message.startswith("error: ") and "\n" not in message, message
-    return message
 
 
 def make_image_folder(root: Path, classes: list[str], bad_image: bool = False) -> None:

@@ -4,9 +4,8 @@ test_gpu.py and benchmarks/overhead.py --gpu."""
 
 import pytest
 import torch
-from classifier_task import CLASSIFIER
+from classifier_task import CLASSIFIER, error_line
 from conftest import QUICK, cli, scalars
-from test_classifier_errors import error_line
 
 from template_package.classifier.model import ImageClassifier
 from template_package.engine.report import throughput

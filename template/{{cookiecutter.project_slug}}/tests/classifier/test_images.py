@@ -9,8 +9,8 @@ import pytest
 import torch
 from classifier_task import CLASSIFIER
 from conftest import cli
+from helpers.runs import assert_kill_and_resume_exact
 from PIL import Image
-from test_resume import assert_kill_and_resume_exact
 
 CLASSES = ["cat", "dog", "owl"]
 
