@@ -22,10 +22,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers.warm_start import WarmStart, warm_server
 
 from template_package.engine.cli.main import main
-from template_package.engine.guarantees import warm_server
-from template_package.engine.warm_start import WarmStart
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
@@ -148,7 +147,7 @@ _WARM: list[WarmStart] = []  # this test process's warm server, started at its f
 
 class WarmProcess:
     """`python -m template_package ARGS` in a child process, in the current folder, used as a subprocess.Popen: started
-    from the engine's warm server (engine/warm_start.py), it skips the 5-10 s of imports a fresh interpreter pays, and
+    from the tests' warm server (helpers/warm_start.py), it skips the 5-10 s of imports a fresh interpreter pays, and
     is otherwise a process of its own, leading a session of its own."""
 
     def __init__(self, args: list[str], cwd: Path | None = None) -> None:

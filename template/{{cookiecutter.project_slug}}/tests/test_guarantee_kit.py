@@ -9,6 +9,7 @@ import importlib.util
 import pytest
 import yaml
 from conftest import STAND_IN, subprocess_env
+from helpers.warm_start import kit_runner
 
 from template_package.engine.guarantees import GuaranteeKit
 
@@ -17,7 +18,7 @@ GAN = ["--model=null", "--model=patterns.ManualGAN", "--checkpoint.monitor=null"
 
 
 def kit_on(tmp_path, *task: str, env: dict | None = None) -> GuaranteeKit:
-    return GuaranteeKit(tmp_path / "kit", [*STAND_IN, *task], env=env or subprocess_env())
+    return GuaranteeKit(tmp_path / "kit", [*STAND_IN, *task], env=env or subprocess_env(), run=kit_runner)
 
 
 def test_unseeded_randomness_fails_the_repeat_check(tmp_path):
@@ -121,7 +122,8 @@ needs_datasets = pytest.mark.skipif(
 
 def stream_kit(tmp_path, *task: str) -> GuaranteeKit:
     env = subprocess_env(HF_HOME=str(tmp_path.parent / "huggingface"))  # one for the tests here: one warm server
-    return GuaranteeKit(tmp_path / "kit", [*STREAM, f"--data.folder={tmp_path / 'json'}", *task], env=env)
+    task = [*STREAM, f"--data.folder={tmp_path / 'json'}", *task]
+    return GuaranteeKit(tmp_path / "kit", task, env=env, run=kit_runner)
 
 
 @needs_datasets
@@ -146,7 +148,8 @@ def test_a_stream_position_ahead_of_the_weights_fails_the_resume_check_naming_it
 
 
 def test_a_stream_without_kit_options_is_refused_naming_them(tmp_path):
-    kit = GuaranteeKit(tmp_path / "kit", [*STREAM, "--data=stream_task.IterableData"], env=subprocess_env())
+    task = [*STREAM, "--data=stream_task.IterableData"]
+    kit = GuaranteeKit(tmp_path / "kit", task, env=subprocess_env(), run=kit_runner)
     with pytest.raises(AssertionError, match=r"the train loader reads a stream, and the kit's 6-batch epochs would "
                                              r"give it a length.*class attribute kit_options"):  # fmt: skip
         kit.check_repeatable()
@@ -207,4 +210,4 @@ needs_webdataset = pytest.mark.skipif(
 @needs_webdataset
 def test_a_seeded_webdataset_stream_passes_the_resume_check(tmp_path):
     task = ["--data=null", "--data=webdataset_task.WebDatasetData", f"--data.folder={tmp_path / 'tars'}"]
-    GuaranteeKit(tmp_path / "kit", [*STREAM, *task], env=subprocess_env()).check_exact_resume()
+    GuaranteeKit(tmp_path / "kit", [*STREAM, *task], env=subprocess_env(), run=kit_runner).check_exact_resume()

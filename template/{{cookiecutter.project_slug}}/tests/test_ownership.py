@@ -121,7 +121,6 @@ NOT_YET_MOVED = {
     "sweep/shared_study.py": {"._storage", "._trial_id", "._get_stale_trial_ids", "._study_id"},
     "training/sharding.py": {"lightning.pytorch.strategies.launchers.subprocess_script._SubprocessScriptLauncher"},
     "training/trainer.py": {"lightning.fabric.plugins.precision.precision._PRECISION_INPUT"},
-    "warm_start.py": {"from jsonargparse._stubs_resolver", "lightning.fabric.utilities.rank_zero._get_rank"},
 }
 
 

@@ -1,6 +1,7 @@
 """`sweep`: Optuna on a real SQLite study, trials as run directories, pruning, preemption at any moment, parallel
 processes on one study, the results, and one line for each mistake."""
 
+import contextlib
 import os
 import signal
 import time
@@ -9,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import cli, cli_subprocess
+from conftest import cli, cli_subprocess, extra_config
 from helpers.sweeps import SWEEP_YAML, TRIAL, finish_sweep, start_sweep, sweep_command
 
 optuna = pytest.importorskip("optuna", reason='sweeps need the sweep extra: pip install -e ".[sweep]"')
@@ -67,18 +68,35 @@ def test_a_sweep_killed_at_any_moment_and_run_again_ends_with_the_same_study(uni
     same trials is part of it."""
     reference, _ = uninterrupted_sweep
     folder = tmp_path / "sweep"
-    process = start_sweep(folder, 2)
+    slow = {"class_path": "kill_points.SlowDown", "init_args": {"seconds": 0.5}}  # (a trial that outlives the kill)
+    process = start_sweep(folder, 2, "-c", extra_config(tmp_path / "slow.yaml", callbacks=[slow]))
     deadline = time.monotonic() + 300
     while not (folder / "trial-1" / "checkpoints" / "last.ckpt").exists():
         assert process.poll() is None and time.monotonic() < deadline, process.communicate()[1][-3000:]
         time.sleep(0.02)
     os.killpg(process.pid, signal.SIGKILL)
     process.wait()
+    deadline = time.monotonic() + 2
+    while processes_naming(folder) and time.monotonic() < deadline:  # the trial's fit, in a session of its own
+        time.sleep(0.1)
+    assert not processes_naming(folder), "the trial's fit outlived its sweep"
     assert [state for *_, state, _ in study_of(folder)] == ["COMPLETE", "RUNNING"]
     assert "trial 1 lost its process: taken over, from its last.ckpt" in finish_sweep(start_sweep(folder, 2))
     assert study_of(folder) == study_of(reference)
     log = (folder / "trial-1" / "fit.log").read_text()
     assert log.count("starting a fresh run") == 1 and "Restoring states from the checkpoint path" in log
+
+
+def processes_naming(folder: Path) -> list[int]:
+    """The live processes whose command line names `folder`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                status = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+                if status != "Z" and str(folder).encode() in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+    return found
 
 
 @pytest.mark.slow

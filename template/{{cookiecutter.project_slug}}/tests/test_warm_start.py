@@ -1,5 +1,5 @@
-"""A command started warm (engine/warm_start.py: the guarantee kit's runs, a sweep's trials, these tests' runs) is
-the command a new `python -m template_package` runs: the same imports from its working directory, the same ranks, the
+"""A command started warm (helpers/warm_start.py: the tests' runs, and the guarantee kit's in the tests) is the
+command a new `python -m template_package` runs: the same imports from its working directory, the same ranks, the
 same bits. Its other DDP ranks are forked from it instead of starting a new interpreter each (5-10 s of imports)."""
 
 import os

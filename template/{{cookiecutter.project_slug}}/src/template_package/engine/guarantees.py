@@ -2,7 +2,7 @@
 classes configs/default.yaml names (tests/test_guarantees.py), and `python -m <package> guarantees [--model a.b.C
 --data a.b.D ...]` on any classes, wherever the engine was copied.
 
-Each check trains short real runs in child processes (`python -m <package> fit`, started warm: warm_start.py), in the
+Each check trains short real runs in child processes (`python -m <package> fit`, as your runs start), in the
 working directory the kit was made in (your relative paths mean what they mean in your runs), with these settings
 overridden: the CPU, one process, 32-true precision, 2 epochs of at most 6 batches, 2 validation batches, every metric
 written to metrics.csv. Everything else is your config's. A DataModule that reads a stream makes its data small itself,
@@ -22,11 +22,10 @@ off Lightning's read-ahead; they get `max_steps=1000` too, the length a warmup-c
 
 A failure is one message naming the first tensor or metric that differs and the likely cause for the stop that
 showed it; a run of the kit's that cannot train at all (a mistake in the config, say) is said as such, with its error.
-Depends on torch, lightning and the engine's command line and warm_start.py.
+Depends on torch, lightning and the engine's command line.
 """
 
 import argparse
-import atexit
 import csv
 import inspect
 import json
@@ -37,6 +36,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import lightning as L
@@ -48,7 +48,6 @@ from .cli.help import program
 from .data.streams import saved_stream
 from .resume.last_checkpoint import LastCheckpoint
 from .training.steps import steps_in, training_steps
-from .warm_start import WarmStart
 
 ENGINE = __package__  # the class paths of the kit's own callbacks and logger
 SETTINGS = [
@@ -150,15 +149,22 @@ class GuaranteeKit:
     environment `env`."""
 
     def __init__(
-        self, folder: Path, task: list[str] = (), env: dict[str, str] | None = None, cwd: Path | None = None
+        self,
+        folder: Path,
+        task: list[str] = (),
+        env: dict[str, str] | None = None,
+        cwd: Path | None = None,
+        run: Callable[[list[str], Path, dict[str, str]], subprocess.CompletedProcess] | None = None,
     ) -> None:
+        """`run(args, cwd, env)` runs `python -m <package> ARGS` and returns what it did; by default a new process,
+        as your runs start (run_command)."""
         self.folder, self.task = Path(folder).resolve(), list(task)
         self.cwd = Path(cwd or Path.cwd()).resolve()
         self.env = {"OMP_NUM_THREADS": "1", **(env or os.environ)}
         if self.env.get("PYTHONPATH"):  # its folders as a new interpreter in cwd reads them, wherever the server is
             folders = self.env["PYTHONPATH"].split(os.pathsep)
             self.env["PYTHONPATH"] = os.pathsep.join(str(self.cwd / folder) for folder in folders)  # ("": cwd)
-        self._warm: WarmStart | None = None  # found at the first command
+        self.run = run or run_command
         self._reference: Path | None = None
         self._data_settings: list[str] | None = None
 
@@ -309,19 +315,9 @@ class GuaranteeKit:
         return result
 
     def _command(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-        """`python -m <package> ARGS` in a process of its own, from the kit's warm server."""
+        """`python -m <package> ARGS` in a process of its own (self.run)."""
         self.folder.mkdir(parents=True, exist_ok=True)
-        if self._warm is None:
-            self._warm = warm_server(self.env, self.cwd)
-        out, err = (Path(tempfile.mkstemp(dir=self.folder, suffix=f".{name}")[1]) for name in ("out", "err"))
-        pid = self._warm.start(list(args), self.cwd, out, err)
-        returncode = self._warm.returncode(pid, timeout=900)
-        if returncode is None:
-            os.killpg(pid, signal.SIGKILL)
-            returncode = self._warm.returncode(pid)
-        result = subprocess.CompletedProcess(list(args), returncode, out.read_text(), err.read_text())
-        out.unlink()
-        err.unlink()
+        result = self.run(list(args), self.cwd, self.env)
         if check and result.returncode != 0:
             raise KitRunFailed(failed(None, result))
         return result
@@ -353,17 +349,17 @@ class GuaranteeKit:
         raise AssertionError(f"{what}: {'; '.join(found)}. Likely cause: {likely}{said}")
 
 
-_SERVERS: dict[tuple, WarmStart] = {}  # by environment, ended when this process ends
-
-
-def warm_server(env: dict[str, str], cwd: Path) -> WarmStart:
-    """A warm server for the kit's runs, shared by the kits of this process with the same environment (its start
-    imports the engine once for all of them); each run is started in its kit's folder."""
-    key = tuple(sorted(env.items()))
-    if key not in _SERVERS or not _SERVERS[key].serving():
-        _SERVERS[key] = WarmStart(env=env, cwd=cwd)
-        atexit.register(_SERVERS[key].close)
-    return _SERVERS[key]
+def run_command(args: list[str], cwd: Path, env: dict[str, str], timeout: float = 900) -> subprocess.CompletedProcess:
+    """`python -m <engine> ARGS` in a new process leading a session of its own (a kill at the timeout reaches its
+    loader workers too), as a run of yours starts."""
+    with subprocess.Popen([sys.executable, "-m", ENGINE, *args], cwd=cwd, env=env, text=True, start_new_session=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE) as process:  # fmt: skip
+        try:
+            out, err = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            out, err = process.communicate()
+    return subprocess.CompletedProcess(args, process.returncode, out, err)
 
 
 def failed(run_dir: Path | None, run: subprocess.CompletedProcess) -> str:

@@ -55,6 +55,7 @@ from .checks import (
     take_run_dir,
 )
 from .help import TOOL_MODULES, TOOLS, ProjectArgumentParser, program, project_description
+from .parent import exit_with_parent_if_asked
 from .run_directory import (
     checkpoint_dir,
     configure_loggers,
@@ -394,6 +395,7 @@ def main(args: list[str] | None = None) -> ProjectCLI:
     command = sys.argv[1:] if args is None else args  # (LightningCLI warns when given sys.argv as args)
     if command[:1] and command[0] in TOOLS:
         return run_tool(command[0], command[1:])
+    exit_with_parent_if_asked()
     quiet_third_party_notices()
     threading.excepthook = _machine_faults_are_reported_once
     STOP_SIGNALS.install()

@@ -46,6 +46,8 @@ import io
 import os
 import signal
 import statistics
+import subprocess
+import sys
 import time
 import warnings
 from dataclasses import MISSING, dataclass, field, fields
@@ -55,10 +57,10 @@ import optuna
 import yaml
 
 from ..cli.help import program
+from ..cli.parent import EXIT_WITH_PARENT
 from ..errors import UsageError
 from ..resume.remote_run import is_url, redacted
 from ..resume.run_lock import RunLock
-from ..warm_start import WarmStart
 from .report import ReportToTrial, pruner
 from .results import format_value, results
 from .shared_study import Ownership, StudyLock, hidden_password, open_storage, translated_errors, try_acquire
@@ -330,11 +332,7 @@ class Sweep:
         self.stride = stride  # the steps between two folds' reports to the pruner
         self.dir = Path(settings.dir)
         self.ownership = Ownership(study, self.dir)
-        # Each trial's fit starts from a warm server (engine/warm_start.py), which has imported torch already, and
-        # the fit dies with the sweep, as the server does (a sweep killed for good leaves no fit that trains its
-        # trial and reports to the study while another process takes the trial over).
-        self.trials: WarmStart | None = None
-        self.fit: int | None = None  # the running fit's pid
+        self.fit: subprocess.Popen | None = None  # the running trial's fit
         self.stopped_by: int | None = None
 
     def run(self) -> None:
@@ -342,8 +340,6 @@ class Sweep:
         try:
             while (claimed := self._next_trial()) is not None:
                 trial, claim = claimed
-                if self.trials is None:  # started while this process has no thread of ours: it forks
-                    self.trials = WarmStart.forked_from_here()
                 try:
                     self._run(trial)
                 finally:
@@ -351,16 +347,14 @@ class Sweep:
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
-            if self.trials is not None:
-                self.trials.close()
 
     def _stop(self, signum: int, frame) -> None:
         """Pass a stop signal to the trial's fit, which saves and exits; the sweep then exits with its code."""
         self.stopped_by = signum
-        if self.fit is None or self.fit in self.trials.returncodes:
+        if self.fit is None or self.fit.poll() is not None:
             raise SystemExit(128 + signum)
         with contextlib.suppress(ProcessLookupError):  # (it may end this moment: the sweep then exits with its code)
-            os.kill(self.fit, signum)
+            self.fit.send_signal(signum)
 
     def _next_trial(self) -> tuple[optuna.Trial, RunLock] | None:
         """A running trial that lost its process, else a new trial while the study has fewer than n_trials; with the
@@ -464,13 +458,23 @@ class Sweep:
         options = [f"--{option}={value}" for option, value in params.items()]
         command = ["fit", *self.fit_args, "-c", str(report_config), f"--trainer.default_root_dir={run_dir}",
                    "--ckpt_path=last", *folds, *options]  # fmt: skip
-        with self.ownership.beating(trial._trial_id):  # (from before the server's first answer)
-            self.fit = self.trials.start(command, Path.cwd(), run_dir / "fit.log")
-            code = self.trials.returncode(self.fit)
+        with self.ownership.beating(trial._trial_id), (run_dir / "fit.log").open("a") as log:
+            self.fit = start_trial(command, log)
+            code = self.fit.wait()
         self.fit = None
         if self.stopped_by is not None or code in (130, 138, 143):
             raise SystemExit(128 + self.stopped_by if self.stopped_by else code)  # saved: the next sweep resumes it
         return code
+
+
+def start_trial(command: list[str], log) -> subprocess.Popen:
+    """`python -m <engine> COMMAND`, a trial's fit, as a run of yours starts, its output in `log`. It leads a session
+    of its own (a kill reaches its loader workers and DDP ranks), and it ends when the sweep does (EXIT_WITH_PARENT,
+    cli/main.py): a sweep killed for good leaves no fit that trains its trial while another sweep takes it over."""
+    engine = __package__.rpartition(".")[0]
+    env = {**os.environ, EXIT_WITH_PARENT: "1"}
+    return subprocess.Popen([sys.executable, "-m", engine, *command], stdin=subprocess.DEVNULL, stdout=log,
+                            stderr=subprocess.STDOUT, env=env, start_new_session=True)  # fmt: skip
 
 
 def last_line(path: Path) -> str:

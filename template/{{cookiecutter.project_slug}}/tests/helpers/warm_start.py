@@ -1,39 +1,41 @@
-"""Commands started from an interpreter that has imported the engine already.
+"""Test machinery: commands started from an interpreter that has imported the engine already, for the suite's time.
 
-A new `python -m <package> fit` spends most of a short run importing: torch, Lightning, and through Lightning's own
-version checks torchmetrics, torchvision and scipy (longer than the guarantee kit's short runs train). `WarmStart`
-starts a server, `python -m <package>.engine.warm_start`, that imports the engine once and runs each command in a child
-forked from itself: a process of its own, which a SIGKILL ends like any other and whose state dies with it, and which
-starts where a fresh `python -m <package>` stands once its imports are done (the user's classes are imported by each
-child, as by a fresh process). The guarantee kit and `sweep` start their runs this way, and so do the engine's tests;
-`sweep`, which has imported the engine itself, forks its server from itself (`WarmStart.forked_from_here`). The other
-ranks of a DDP run started warm are forked from its rank 0 too (`ForkedRank`), where Lightning's launcher would start a
-new interpreter for each. Only a process without threads may fork safely: the server starts none.
+A new `python -m <package> fit` spends most of a short test run importing: torch, Lightning, and through Lightning's
+own version checks torchmetrics, torchvision and scipy. `WarmStart` starts a server, `python -m helpers.warm_start`,
+that imports the engine once and runs each command in a child forked from itself: a process of its own, which a
+SIGKILL ends like any other and whose state dies with it, and which starts where a fresh `python -m <package>` stands
+once its imports are done (the user's classes are imported by each child, as by a fresh process). The tests' runs
+start this way (conftest.WarmProcess), and the guarantee kit's runs in the tests (`kit_runner`). The other ranks of a
+DDP run started warm are forked from its rank 0 too (`ForkedRank`), where Lightning's launcher would start a new
+interpreter for each; tests/test_warm_start.py compares both. The product itself never forks: the kit and `sweep`
+start their runs as a user's runs start.
 
 The protocol, one JSON object a line: the request `{"args": [...], "cwd": DIR, "out": FILE, "err": FILE, "env":
 {...}}` starts `python -m <package> ARGS` in DIR, its standard output and error appended to the files (which may be
 one), `env` added to its environment; the answers are `{"pid": N}` at once and `{"pid": N, "returncode": R}` when the
 child ends (a negative R: the signal that ended it). The child leads a session of its own, so `os.killpg(pid, ...)`
-reaches it, its loader workers and the other ranks of a DDP run. Depends on the engine's cli/main.py and on
-Lightning's DDP launcher (lightning.pytorch.strategies.launchers.subprocess_script).
+reaches it, its loader workers and the other ranks of a DDP run.
 """
 
+import atexit
 import contextlib
 import ctypes
 import importlib.util
 import json
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import traceback
 import types
 from pathlib import Path
 
-ENGINE = __package__
+ENGINE = "template_package.engine"  # (the project's package, named at baking)
 
 
 class WarmStart:
@@ -44,25 +46,11 @@ class WarmStart:
         does (Linux; see dies_with_parent), so that nothing started from here outlives a caller killed for good."""
         self.dies_with_us = dies_with_us
         self._server = subprocess.Popen(
-            [sys.executable, "-m", f"{ENGINE}.warm_start"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            [sys.executable, "-m", "helpers.warm_start"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             env=env, cwd=cwd, start_new_session=True, preexec_fn=dies_with_parent() if dies_with_us else None,
         )  # fmt: skip
         self._pending = b""
         self.returncodes: dict[int, int] = {}  # the children that have ended
-
-    @classmethod
-    def forked_from_here(cls) -> "WarmStart":
-        """A server forked from this process, which has imported the engine already (`sweep` does): no second
-        interpreter to start and import. The server dies with this process (Linux), keeps none of
-        its open files (a database connection, a lock) and none of its signal handlers. Only a process with no other
-        thread may fork safely (a fork copies only the calling thread, with whatever locks the others held): with
-        one, or where there is no fork, the server is a new interpreter."""
-        if threading.active_count() > 1 or not hasattr(os, "fork"):
-            return cls(dies_with_us=True)
-        server = cls.__new__(cls)
-        server.dies_with_us, server._pending, server.returncodes = True, b"", {}
-        server._server = _ForkedServer()
-        return server
 
     def start(self, args: list[str], cwd: Path, out: Path, err: Path | None = None, env: dict | None = None) -> int:
         """Start `python -m <package> ARGS` in `cwd`, its output appended to `out` (and its errors to `err`, or to
@@ -133,36 +121,6 @@ class _Forked:
         return self.returncode
 
 
-class _ForkedServer(_Forked):
-    """`serve()` in a child forked from this process, handled as the subprocess.Popen of a server is."""
-
-    def __init__(self) -> None:
-        requests, self._requests = os.pipe()
-        self._answers, answers = os.pipe()
-        die = dies_with_parent()
-        sys.stdout.flush()  # (or the server would inherit, and might write, what this process has not written yet)
-        sys.stderr.flush()
-        self.pid = os.fork()
-        if self.pid == 0:
-            try:
-                if die:
-                    die()
-                os.setsid()
-                for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP):
-                    signal.signal(signum, signal.SIG_DFL)  # the caller's handlers are its own
-                os.dup2(requests, 0)
-                os.dup2(answers, 1)
-                os.closerange(3, os.sysconf("SC_OPEN_MAX"))  # the caller's files, connections and locks
-                serve()
-            finally:
-                os._exit(0)  # (never the caller's exit handlers)
-        os.close(requests)
-        os.close(answers)
-        self.stdin = os.fdopen(self._requests, "wb")
-        self.stdout = os.fdopen(self._answers, "rb", buffering=0)
-        self.args, self.returncode = f"warm-start server {self.pid}", None
-
-
 def run_child(request: dict) -> None:
     """In the forked child: become the command, and exit with its status (never returns)."""
     code = 1
@@ -200,7 +158,7 @@ def run_child(request: dict) -> None:
 
 def run_main() -> int:
     """`main()` on sys.argv, as `python -m <package>` runs it; its exit status."""
-    from .cli.main import main
+    from template_package.engine.cli.main import main
 
     try:
         main()
@@ -299,12 +257,12 @@ def dies_with_parent(parent: int | None = None):
 
 def serve() -> None:
     """Read requests from stdin, fork a child for each, answer with its pid and, later, its exit status."""
-    from .cli.main import main  # noqa: F401 - imported once here, for every child
+    from template_package.engine.cli.main import main  # noqa: F401 - imported once here, for every child
 
     with contextlib.suppress(ImportError):  # what a fit imports on its way: the default logger's writer (TensorBoard)
         import torch.utils.tensorboard  # noqa: F401 - and the report room's callbacks
 
-        from .report import confusion, flops, progress, throughput  # noqa: F401
+        from template_package.engine.report import confusion, flops, progress, throughput  # noqa: F401
 
     with contextlib.suppress(ImportError):  # jsonargparse's stub search path, found by starting another Python
         from jsonargparse._stubs_resolver import get_stubs_resolver  # (slow: it imports): found once
@@ -342,3 +300,30 @@ def answer(message: dict) -> None:
 
 if __name__ == "__main__":
     serve()
+
+
+_SERVERS: dict[tuple, WarmStart] = {}  # by environment, ended when this process ends
+
+
+def warm_server(env: dict[str, str], cwd: Path) -> WarmStart:
+    """A warm server for this test process's runs with this environment (its start imports the engine once)."""
+    key = tuple(sorted(env.items()))
+    if key not in _SERVERS or not _SERVERS[key].serving():
+        _SERVERS[key] = WarmStart(env=env, cwd=cwd)
+        atexit.register(_SERVERS[key].close)
+    return _SERVERS[key]
+
+
+def kit_runner(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """What GuaranteeKit(run=...) takes: its runs started warm (guarantees.run_command starts new interpreters)."""
+    warm = warm_server(env, cwd)
+    folder = Path(tempfile.mkdtemp(prefix="kit-run-"))
+    out, err = folder / "out", folder / "err"
+    pid = warm.start(list(args), cwd, out, err)
+    returncode = warm.returncode(pid, timeout=900)
+    if returncode is None:
+        os.killpg(pid, signal.SIGKILL)
+        returncode = warm.returncode(pid)
+    result = subprocess.CompletedProcess(list(args), returncode, out.read_text(), err.read_text())
+    shutil.rmtree(folder, ignore_errors=True)
+    return result
