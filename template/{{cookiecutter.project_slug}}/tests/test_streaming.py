@@ -348,10 +348,11 @@ def test_a_webdataset_shard_shuffle_by_epoch_gets_the_runs_epoch_and_resumes_bit
 @needs("webdataset")
 @pytest.mark.parametrize(("option", "stage"), [
     ("--data.seeded=false", "its shuffle(50) stage is unseeded: it seeds itself from the process ID and the time, so "
-                            "the run does not repeat: give it a seed (.shuffle(50, seed=...))"),
+                            "the run does not repeat, and a run resumed mid-epoch reads that epoch again from its "
+                            "start: give it a seed (.shuffle(50, seed=...))"),
     ("--data.resampled=true", "its ResampledShards stage (resampled=True) seeds itself from the process ID, the time "
-                              "and os.urandom, so the run does not repeat: use wds.ResampledShards(urls, "
-                              "deterministic=True)"),
+                              "and os.urandom, so the run does not repeat, and a run resumed mid-epoch reads that "
+                              "epoch again from its start: use wds.ResampledShards(urls, deterministic=True)"),
 ], ids=["unseeded_shuffle", "resampled"])  # fmt: skip
 def test_a_webdataset_stage_that_does_not_repeat_gets_one_notice_naming_it(run_dir, data, option, stage, capsys):
     args = web(data, "webloader", 0, option, "--trainer.max_epochs=1", "--trainer.max_steps=3")

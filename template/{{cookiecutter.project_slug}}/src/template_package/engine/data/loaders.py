@@ -316,8 +316,9 @@ class ResumableLoaders(Callback):
             name = type(sampler.source).__name__
             print(f"notice: the train loader's {name} drew another order for epoch {record['epoch']} than the run that "
                   f"was stopped: its order is not a function of the seed and the epoch, so the resumed run reads other "
-                  f"samples. Draw from torch's generators (its own `generator` or the global one), or make its order "
-                  f"follow from set_epoch(epoch)", file=sys.stderr)  # fmt: skip
+                  f"samples. Draw from torch's generators (the sampler's attribute `generator`, as torch's samplers "
+                  f"take one, or the global generator), or make its order follow from set_epoch(epoch)",
+                  file=sys.stderr)  # fmt: skip
         return loader
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:

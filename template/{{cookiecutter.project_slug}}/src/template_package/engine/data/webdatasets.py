@@ -59,7 +59,8 @@ def why_it_does_not_repeat(loader) -> str | None:
         if isinstance(stage, wds.shardlists.ResampledShards) and not stage.deterministic:
             return (
                 "its ResampledShards stage (resampled=True) seeds itself from the process ID, the time and "
-                "os.urandom, so the run does not repeat: use wds.ResampledShards(urls, deterministic=True)"
+                "os.urandom, so the run does not repeat, and a run resumed mid-epoch reads that epoch again from its "
+                "start: use wds.ResampledShards(urls, deterministic=True)"
             )
         if isinstance(stage, wds.filters.FilterFunction) and stage.f.__name__ == "_shuffle":
             size = stage.args[0] if stage.args else stage.kw.get("bufsize", 1000)
@@ -71,7 +72,8 @@ def why_it_does_not_repeat(loader) -> str | None:
             if stage.kw.get("seed") is None:
                 return (
                     f"its shuffle({size}) stage is unseeded: it seeds itself from the process ID and the time, so "
-                    f"the run does not repeat: give it a seed (.shuffle({size}, seed=...))"
+                    f"the run does not repeat, and a run resumed mid-epoch reads that epoch again from its start: "
+                    f"give it a seed (.shuffle({size}, seed=...))"
                 )
     return None
 
