@@ -65,3 +65,24 @@ def test_cruft_update_brings_a_template_change_into_the_project(tmp_path, templa
     assert (project / "configs" / "fast.yaml").read_text().endswith("# a template change\n")
     assert (project / "src" / "digits_classifier" / "classifier" / "model.py").is_file()  # the hook survived the update
     assert run([cruft, "check"], cwd=project).returncode == 0
+
+
+def test_a_cruft_update_that_conflicts_with_a_local_change_leaves_markers_and_reports_success(tmp_path, template_repo):
+    """What the README says of a conflict (cruft 2.16): `git apply -3` leaves conflict markers, cruft exits 0."""
+    cruft = str(Path(sys.executable).with_name("cruft"))
+    created = run([cruft, "create", str(template_repo), "--directory", "template", "--no-input"], cwd=tmp_path)
+    assert created.returncode == 0, created.stderr
+    project = tmp_path / "digits-classifier"
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
+    for cmd in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "project"]):
+        subprocess.run([*git, *cmd], cwd=project, check=True, capture_output=True)
+    mine = project / "configs" / "fast.yaml"
+    mine.write_text(mine.read_text().replace("\n", "\n# my change\n", 1))
+    subprocess.run([*git, "commit", "-q", "-am", "mine"], cwd=project, check=True, capture_output=True)
+    theirs = template_repo / "template" / "{{cookiecutter.project_slug}}" / "configs" / "fast.yaml"
+    theirs.write_text(theirs.read_text().replace("\n", "\n# the template's change\n", 1))
+    subprocess.run([*git, "commit", "-q", "-am", "change"], cwd=template_repo, check=True, capture_output=True)
+    updated = run([cruft, "update", "-y"], cwd=project)
+    assert updated.returncode == 0, updated.stdout + updated.stderr
+    text = mine.read_text()
+    assert "<<<<<<<" in text and "# my change" in text and "# the template's change" in text

@@ -360,7 +360,7 @@ def test_a_webdataset_stage_that_does_not_repeat_gets_one_notice_naming_it(run_d
     notices = [line for line in capsys.readouterr().err.splitlines() if line.startswith("notice")]
     assert notices == [
         f"notice: the train loader cannot resume exactly: {stage}; a run resumed from a checkpoint then reads other "
-        "samples than the run that never stopped. To resume exactly, see README: Streaming data"
+        "samples than the run that never stopped. To resume exactly, see docs/data.md"
     ]
 
 

@@ -276,7 +276,7 @@ class GuaranteeKit:
                     "the train loader reads a stream, and the kit's 6-batch epochs would give it a length, which "
                     "switches off Lightning's read-ahead: its runs would not resume as yours do. Give the DataModule "
                     "a small stream of its own for the kit: a class attribute kit_options with the init arguments "
-                    'that make it, e.g. kit_options = {"shard_sizes": [24, 24, 24, 24]} (README: Streaming data)'
+                    'that make it, e.g. kit_options = {"shard_sizes": [24, 24, 24, 24]} (docs/data.md)'
                 )
             self._reference = reference
         return self._reference

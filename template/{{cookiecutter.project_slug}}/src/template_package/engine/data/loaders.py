@@ -50,10 +50,7 @@ from .sampling import EpochShuffleSampler, SeededSamples, reads_batches
 SHUFFLED = (RandomSampler, torchdata_samplers.RandomSampler)
 BATCHING = (BatchSampler, torchdata_samplers.BatchSampler)
 
-REMEDY = (
-    "read a map-style dataset in DataLoader(dataset, shuffle=True) or StatefulDataLoader (README: Your own model and "
-    "data)"
-)
+REMEDY = "read a map-style dataset in DataLoader(dataset, shuffle=True) or StatefulDataLoader (docs/data.md)"
 
 
 def why_not_resumable(loader) -> str | None:

@@ -55,7 +55,7 @@ _END = object()  # what `next(iterator, _END)` returns at a stream's end (a batc
 REMEDY = (
     "give the dataset set_epoch(epoch) with an order that follows from its seed and the epoch (as Hugging Face "
     "datasets' streaming and litdata's StreamingDataset have), or state_dict/load_state_dict and read it with "
-    "torchdata's StatefulDataLoader (README: Streaming data)"
+    "torchdata's StatefulDataLoader (docs/data.md)"
 )
 
 
@@ -68,7 +68,7 @@ def is_stream(loader) -> bool:
 def remedy(loader) -> str:
     """What makes the stream `loader` reads resume exactly."""
     if webdatasets.reads_webdataset(loader):
-        return "see README: Streaming data"
+        return "see docs/data.md"
     return REMEDY
 
 

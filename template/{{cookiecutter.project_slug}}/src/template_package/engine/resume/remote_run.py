@@ -43,7 +43,7 @@ NOT_OF_THE_LOGS = (f"{CHECKPOINTS}/", ".lock", ".pinned/", ".fetched/")  # what 
 
 @dataclass
 class StoreSettings:
-    """How a run directory in object storage is kept (README: Run directories in object storage).
+    """How a run directory in object storage is kept (docs/object-storage.md).
 
     Args:
         renew_every: seconds between renewals of the run's lock (object_lock.py).

@@ -54,7 +54,7 @@ class ManualClipping(Callback):
                 f"notice: {type(pl_module).__name__} optimizes manually and its first training batch clipped no "
                 f"gradients, so trainer.gradient_clip_val={trainer.gradient_clip_val} is not applied: clip in "
                 "training_step, between manual_backward and optimizer.step(), with self.clip_gradients(optimizer, "
-                "self.trainer.gradient_clip_val, self.trainer.gradient_clip_algorithm) (README: Manual optimization)",
+                "self.trainer.gradient_clip_val, self.trainer.gradient_clip_algorithm) (docs/manual-optimization.md)",
                 file=sys.stderr,
             )
 
