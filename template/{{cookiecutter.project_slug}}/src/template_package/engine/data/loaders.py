@@ -174,6 +174,7 @@ class ResumableLoaders(Callback):
         self._stream_state: dict | None = None  # the resumed checkpoint's, for a streaming train loader
         self._group = None  # streams.cpu_group(), made once, under several processes
         self._noticed = False
+        self._said = False  # what replaced the user's train loader, said once a run
         self._drawn: tuple[DrawnOrderSampler, int] | None = None  # the train loader's, with its positions a batch
         self._drawn_record: dict | None = None  # the resumed checkpoint's DrawnOrderSampler.record
         self._no_layout: str | None = None  # why_no_layout of the train loader
@@ -228,7 +229,13 @@ class ResumableLoaders(Callback):
             return loaders
 
         def train_dataloader():
-            return self._train_loader(trainer, build())
+            loader = build()
+            rebuilt = self._train_loader(trainer, loader)
+            if rebuilt is not loader and not self._said and trainer.is_global_zero:
+                print(f"engine: {what_replaced(loader, rebuilt)}, to resume exactly (docs/models-and-data.md)",
+                      file=sys.stderr)  # fmt: skip
+                self._said = True
+            return rebuilt
 
         owner.train_dataloader = train_dataloader
         if is_overridden("val_dataloader", owner):
@@ -329,6 +336,19 @@ class ResumableLoaders(Callback):
                   f"reads other samples than the run that never stopped. To resume exactly, {remedy}",
                   file=sys.stderr)  # fmt: skip
             self._noticed = True
+
+
+def what_replaced(loader: DataLoader, rebuilt) -> str:
+    """The user's train loader and what the engine reads instead, named: `DataLoader(RandomSampler) is read as
+    StatefulDataLoader(EpochShuffleSampler) over SeededSamples`."""
+    if not isinstance(rebuilt, DataLoader):  # (a stream)
+        return f"the train loader {type(loader).__name__} is read through {type(rebuilt).__name__}"
+    sampler = loader.batch_sampler if own_batch_sampler(loader) else loader.sampler
+    seeded = (
+        " over SeededSamples (random draws seeded per sample)" if isinstance(rebuilt.dataset, SeededSamples) else ""
+    )
+    return (f"the train loader {type(loader).__name__}({type(sampler).__name__}) is read as "
+            f"{type(rebuilt).__name__}({type(rebuilt.sampler).__name__}){seeded}")  # fmt: skip
 
 
 def resumed_batches(loop: dict) -> tuple[int, int] | None:
