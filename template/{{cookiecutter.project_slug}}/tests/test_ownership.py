@@ -1,8 +1,10 @@
-"""The engine stays simple enough to own: another library's private names go through engine/internals.py alone, and
-the engine's docstrings, comments and help texts say rules and reasons, not timings (figures live in benchmarks/)."""
+"""The engine stays simple enough to own: another library's private names go through engine/internals.py alone (its
+overrides of private methods and subclasses of private classes are listed there), and the engine's docstrings, comments
+and help texts say rules and reasons, not timings (figures live in benchmarks/)."""
 
 import ast
 import importlib
+import importlib.util
 import inspect
 import io
 import re
@@ -49,13 +51,16 @@ def names_the_engine_defines(trees: list[ast.AST]) -> set[str]:
 
 
 def foreign_private_names(tree: ast.AST, own: set[str]) -> set[str]:
-    """Another library's private names a module uses: imported, read or written as attributes, or named to getattr."""
+    """Another library's private names a module uses: imported (from internals.py too, a private class it re-exports),
+    read or written as attributes, or named to getattr."""
     found = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.level == 0:
             if any(map(is_private, node.module.split("."))):
                 found.add(f"from {node.module}")
             found |= {f"{node.module}.{alias.name}" for alias in node.names if is_private(alias.name)}
+        elif isinstance(node, ast.ImportFrom) and node.module == "internals":
+            found |= {f"internals.{alias.name}" for alias in node.names if is_private(alias.name)}
         elif isinstance(node, ast.Import):
             found |= {alias.name for alias in node.names if any(map(is_private, alias.name.split(".")))}
         elif isinstance(node, ast.Attribute) and is_private(node.attr) and node.attr not in own:
@@ -67,75 +72,81 @@ def foreign_private_names(tree: ast.AST, own: set[str]) -> set[str]:
     return found - {None}
 
 
-def foreign_private_overrides(module_name: str) -> set[str]:
-    """Methods of the module's classes that override another library's private method."""
+def foreign_private_overrides(module_name: str) -> dict[str, object]:
+    """The module's classes' overrides of another library's private methods ("Class.method") and their bases that are
+    another library's private classes ("Class(Base)"), each with the library's method or class."""
     module = importlib.import_module(module_name)
-    found = set()
+    found = {}
     for cls in vars(module).values():
         if not (inspect.isclass(cls) and cls.__module__ == module_name):
             continue
         foreign = [base for base in cls.__mro__[1:] if not base.__module__.startswith(PACKAGE)]
+        found |= {f"{cls.__name__}({base.__name__})": base for base in cls.__bases__
+                  if base in foreign and is_private(base.__name__)}  # fmt: skip
         for name in vars(cls):
-            if is_private(name) and name != "_abc_impl" and any(hasattr(base, name) for base in foreign):
-                found.add(f"{cls.__name__}.{name}")
+            owner = next((base for base in foreign if name in vars(base)), None)
+            if is_private(name) and name != "_abc_impl" and owner is not None:
+                found[f"{cls.__name__}.{name}"] = vars(owner)[name]
     return found
+
+
+def resolve(module: str, qualname: str):
+    """The object `module.qualname` names, or None."""
+    found = importlib.import_module(module)
+    for part in qualname.split("."):
+        found = getattr(found, part, None)
+    return found
+
+
+def listed_overrides() -> dict[str, dict[str, internals.Overridden]]:
+    """internals.OVERRIDDEN by engine file, each entry under the name foreign_private_overrides gives it."""
+    listed = {}
+    for entry in internals.OVERRIDDEN:
+        module, cls = entry.by.rsplit(".", 1)
+        name = entry.qualname.rsplit(".", 1)[-1]
+        label = f"{cls}({name})" if inspect.isclass(resolve(entry.module, entry.qualname)) else f"{cls}.{name}"
+        listed.setdefault(module.replace(".", "/") + ".py", {})[label] = entry
+    return listed
 
 
 def module_name(path: Path) -> str:
     return ".".join((PACKAGE, *path.relative_to(ENGINE.parent).with_suffix("").parts)).removesuffix(".__init__")
 
 
-# What is left to move into engine/internals.py (issue "simple enough to own"): this list only shrinks. A private name
-# not in it fails the test below, and so does an entry no longer used (remove it).
-NOT_YET_MOVED = {
-    "cli/checks.py": {
-        "lightning.fabric.plugins.precision.precision._PRECISION_INPUT",
-        "._actions",
-        "._name_parser_map",
-        "._subcommands_action",
-    },  # fmt: skip
-    "cli/help.py": {"._actions"},
-    "cli/main.py": {
-        "lightning.pytorch.cli._InstantiatorFn",
-        "._subcommands_action",
-        "._subcommand_parsers",
-        "ProjectCLI._add_subcommands",
-        "ProjectCLI._add_instantiators",
-        "ProjectCLI._run_subcommand",
-        "ProjectCLI._parse_ckpt_path",
-    },  # fmt: skip
-    "data/streams.py": {"._distributed", "._iterator", "._shutdown_workers"},
-    "report/loggers.py": {"._tracking_uri", "._experiment_name", "._fs", "_PurgingWriter._check_log_dir_exists"},
-    "report/progress.py": {"._leave", "._train_progress_bar", "._val_progress_bar", "TimedProgressBar._should_update"},
-    "resume/finished_epochs.py": {"lightning.pytorch.loops.fit_loop._FitLoop", "lightning.pytorch.loops.loop._Loop"},
-    "resume/safe_dcp.py": {
-        "from torch.distributed.checkpoint._traverse",
-        "torch.distributed.checkpoint.default_planner._EmptyStateDictLoadPlanner",
-    },  # fmt: skip
-    "resume/whole_checkpoint.py": {
-        "torch.distributed.checkpoint.default_planner._EmptyStateDictLoadPlanner",
-        "torch.distributed.checkpoint.state_dict_loader._load_state_dict",
-    },  # fmt: skip
-    "sweep/report.py": {"._trial_id", "._study_id", "._storage"},
-    "sweep/search.py": {"._trial_id", "._storage"},
-    "sweep/shared_study.py": {"._storage", "._trial_id", "._get_stale_trial_ids", "._study_id"},
-    "training/sharding.py": {"lightning.pytorch.strategies.launchers.subprocess_script._SubprocessScriptLauncher"},
-    "training/trainer.py": {"lightning.fabric.plugins.precision.precision._PRECISION_INPUT"},
-}
-
-
 def test_another_librarys_private_names_are_used_in_engine_internals_alone():
+    """Outside internals.py, a private name of another library is only a private class internals.py re-exports for a
+    subclass listed in internals.OVERRIDDEN (that module's import of it)."""
     files = [path for path in engine_files() if path != ENGINE / "internals.py"]
     trees = {path: ast.parse(path.read_text()) for path in files}
     own = names_the_engine_defines(list(trees.values()))
-    used = {str(path.relative_to(ENGINE)): foreign_private_names(trees[path], own) | foreign_private_overrides(
-        module_name(path)) for path in files}  # fmt: skip
-    new = {file: sorted(names - NOT_YET_MOVED.get(file, set())) for file, names in used.items()}
-    assert not any(new.values()), "private names of other libraries belong in engine/internals.py: " + "; ".join(
-        f"{file}: {', '.join(names)}" for file, names in new.items() if names
+    listed = listed_overrides()
+    used = {}
+    for path in files:
+        file = str(path.relative_to(ENGINE))
+        subclassed = {f"internals.{entry.qualname}" for label, entry in listed.get(file, {}).items() if "(" in label}
+        used[file] = foreign_private_names(trees[path], own) - subclassed
+    assert not any(used.values()), "private names of other libraries belong in engine/internals.py: " + "; ".join(
+        f"{file}: {', '.join(sorted(names))}" for file, names in used.items() if names
     )
-    moved = {file: sorted(names - used.get(file, set())) for file, names in NOT_YET_MOVED.items()}
-    assert not any(moved.values()), f"no longer used, remove from NOT_YET_MOVED: {moved}"
+
+
+def test_overrides_of_another_librarys_private_names_are_listed_in_engine_internals():
+    """Each override of a private method and each subclass of a private class is an entry of internals.OVERRIDDEN,
+    naming the library's method or class it overrides; an entry no longer used fails too."""
+    listed = listed_overrides()
+    for path in engine_files():
+        file = str(path.relative_to(ENGINE))
+        found, entries = foreign_private_overrides(module_name(path)), listed.get(file, {})
+        assert not found.keys() - entries.keys(), (
+            f"{file}: list in internals.OVERRIDDEN: {sorted(found.keys() - entries.keys())}"
+        )
+        assert not entries.keys() - found.keys(), (
+            f"{file}: no longer used, remove from internals.OVERRIDDEN: {sorted(entries.keys() - found.keys())}"
+        )
+        for label, entry in entries.items():
+            assert found[label] is resolve(entry.module, entry.qualname), (
+                f"{file}: {label} is not {entry.module}.{entry.qualname}"
+            )
 
 
 def test_the_guard_sees_a_private_import_an_attribute_and_an_override():
@@ -152,17 +163,28 @@ def test_the_guard_sees_a_private_import_an_attribute_and_an_override():
         "._step_supports_amp_scaling"
     }
     assert foreign_private_names(ast.parse("os._exit(1)\nself._mine = 1\n"), own={"_mine"}) == set()
-    assert foreign_private_overrides("template_package.engine.report.progress") >= {"TimedProgressBar._should_update"}
+    assert foreign_private_names(ast.parse("from ..internals import _FitLoop, set_restarting"), set()) == {
+        "internals._FitLoop"
+    }
+    assert foreign_private_overrides("template_package.engine.report.progress").keys() >= {
+        "TimedProgressBar._should_update"
+    }
+    assert "SafePlanner(_EmptyStateDictLoadPlanner)" in foreign_private_overrides(
+        "template_package.engine.resume.safe_dcp"
+    )
+
+
+def installed(module: str) -> bool:
+    """Whether the library of `module` is installed (optuna and datasets come with extras)."""
+    return importlib.util.find_spec(module.split(".")[0]) is not None
 
 
 def test_every_private_name_in_internals_is_pinned_to_the_installed_libraries():
     """Each private name internals.py uses exists in the installed libraries with the signature it is called with:
     an upgrade that renames or changes one fails here, by name, not somewhere in a run."""
-    for pinned in internals.PINNED:
-        owner = importlib.import_module(pinned.module)
-        for part in pinned.qualname.split("."):
-            owner = getattr(owner, part, None)
-            assert owner is not None, f"{pinned.module}.{pinned.qualname} is gone: {pinned.why}"
+    for pinned in filter(lambda pinned: installed(pinned.module), internals.PINNED):
+        owner = resolve(pinned.module, pinned.qualname)
+        assert owner is not None, f"{pinned.module}.{pinned.qualname} is gone: {pinned.why}"
         if pinned.attribute is not None:
             sources = [inspect.getsource(cls) for cls in owner.__mro__ if cls.__module__ != "builtins"]
             assert hasattr(owner, pinned.attribute) or any(f"self.{pinned.attribute}" in src for src in sources), (
@@ -170,6 +192,20 @@ def test_every_private_name_in_internals_is_pinned_to_the_installed_libraries():
             )
         if pinned.parameters is not None:
             assert tuple(inspect.signature(owner).parameters) == pinned.parameters, f"{pinned.module}.{pinned.qualname}"
+
+
+def test_every_override_listed_in_internals_is_pinned_to_the_installed_libraries():
+    """Each private method or class the engine overrides exists in the installed libraries, and the method (the
+    class's constructor) takes exactly the listed parameters, as the engine's override does."""
+    for entry in filter(lambda entry: installed(entry.module), internals.OVERRIDDEN):
+        overridden = resolve(entry.module, entry.qualname)
+        assert overridden is not None, f"{entry.module}.{entry.qualname} is gone: {entry.why}"
+        if entry.parameters is not None:
+            module, cls = entry.by.rsplit(".", 1)
+            engine_class = resolve(f"{PACKAGE}.engine.{module}", cls)
+            override = engine_class if inspect.isclass(overridden) else getattr(engine_class, overridden.__name__)
+            for what, callable_ in ((f"{entry.module}.{entry.qualname}", overridden), (entry.by, override)):
+                assert tuple(inspect.signature(callable_).parameters) == entry.parameters, f"{what}: {entry.why}"
 
 
 def comments_and_docstrings(path: Path) -> list[tuple[int, str]]:

@@ -1,13 +1,19 @@
 """Another library's private names, in one place: each behind a small function that says why no public API serves.
 
+An engine class that overrides another library's private method, or subclasses its private class (re-exported from
+here), stays in its module and is listed in `OVERRIDDEN`.
+
 An upgrade of a library that renames or changes one of them fails tests/test_ownership.py, which checks every entry of
-`PINNED` against the installed libraries, so that the change shows in one place, by name. Depends on lightning and
-torch.
+`PINNED` and `OVERRIDDEN` against the installed libraries, so that the change shows in one place, by name. Depends on
+lightning and torch.
 """
 
 from dataclasses import dataclass
 
 import lightning as L
+from lightning.pytorch.loops.fit_loop import _FitLoop as _FitLoop
+from lightning.pytorch.loops.loop import _Loop
+from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner as _EmptyStateDictLoadPlanner
 
 
 @dataclass(frozen=True)
@@ -20,6 +26,78 @@ class Pinned:
     why: str
     attribute: str | None = None
     parameters: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Overridden:
+    """A private method of another library's class that the engine's class `by` (module.Class under engine/)
+    overrides, or a private class it subclasses: `module.qualname` exists; with `parameters`, the method (the class's
+    constructor) takes exactly these, and so does the override."""
+
+    module: str
+    qualname: str
+    by: str
+    why: str
+    parameters: tuple[str, ...] | None = None
+
+
+OVERRIDDEN = [
+    Overridden(
+        "lightning.pytorch.cli",
+        "LightningCLI._add_subcommands",
+        by="cli.main.ProjectCLI",
+        parameters=("self", "parser", "kwargs"),
+        why="adds the tools to the subcommands --help lists: LightningCLI's `subcommands()` names Trainer methods only",
+    ),
+    Overridden(
+        "lightning.pytorch.cli",
+        "LightningCLI._add_instantiators",
+        by="cli.main.ProjectCLI",
+        parameters=("self",),
+        why="the model takes values from the built data: LightningCLI builds both there, with no public hook between",
+    ),
+    Overridden(
+        "lightning.pytorch.cli",
+        "LightningCLI._run_subcommand",
+        by="cli.main.ProjectCLI",
+        parameters=("self", "subcommand"),
+        why="builds everything and checks the checkpoint without running: `run=False` parses without subcommands",
+    ),
+    Overridden(
+        "lightning.pytorch.cli",
+        "LightningCLI._parse_ckpt_path",
+        by="cli.main.ProjectCLI",
+        parameters=("self",),
+        why="keeps the config's classes over the checkpoint's and compares its hyperparameters: no public switch",
+    ),
+    Overridden(
+        "lightning.pytorch.callbacks",
+        "TQDMProgressBar._should_update",
+        by="report.progress.TimedProgressBar",
+        parameters=("self", "current", "total"),
+        why="whether the bar redraws at an evaluation batch, by time: `refresh_rate` counts batches",
+    ),
+    Overridden(
+        "lightning.pytorch.loggers.csv_logs",
+        "ExperimentWriter._check_log_dir_exists",
+        by="report.loggers._PurgingWriter",
+        parameters=("self",),
+        why="keeps an existing metrics.csv's rows before purge_step: Lightning's writer deletes the file, no option",
+    ),
+    Overridden(
+        "lightning.pytorch.loops.fit_loop",
+        "_FitLoop",
+        by="resume.finished_epochs._FitLoopThatKeepsFinishedEpochs",
+        why="its `restarting` rule restarts a finished epoch under max_steps: the Trainer takes no fit loop class",
+    ),
+    Overridden(
+        "torch.distributed.checkpoint.default_planner",
+        "_EmptyStateDictLoadPlanner",
+        by="resume.safe_dcp.SafePlanner",
+        parameters=("keys", "args", "kwargs"),
+        why="rebuilds the whole state from .metadata, as dcp_to_torch_save does: no public planner does",
+    ),
+]
 
 
 PINNED = [
@@ -100,6 +178,108 @@ PINNED = [
         attribute="_num_samples",
         why="whether the user gave num_samples: the public `num_samples` is the dataset's length otherwise",
     ),
+    Pinned(
+        "lightning.pytorch.callbacks",
+        "TQDMProgressBar",
+        attribute="_train_progress_bar",
+        why="the bars made so far: the public properties raise where a bar is not made yet",
+    ),
+    Pinned(
+        "lightning.pytorch.callbacks",
+        "TQDMProgressBar",
+        attribute="_val_progress_bar",
+        why="as above",
+    ),
+    Pinned(
+        "lightning.pytorch.loops.loop",
+        "_Loop.restarting.fset",
+        parameters=("self", "restarting"),
+        why="sets a loop's `restarting` and its children's without the fit loop's rule: no public setter",
+    ),
+    Pinned(
+        "lightning.pytorch.cli",
+        "_InstantiatorFn",
+        parameters=("cli", "key"),
+        why="builds the model or data recording its arguments as the checkpoint's hyperparameters: not public",
+    ),
+    Pinned(
+        "lightning.pytorch.cli",
+        "_InstantiatorFn.__call__",
+        parameters=("self", "class_type", "args", "applied_instantiation_links", "kwargs"),
+        why="as above",
+    ),
+    Pinned(
+        "jsonargparse",
+        "ArgumentParser",
+        attribute="_subcommands_action",
+        why="the parser's subcommands, to add the tools and read each one's parser: no public accessor",
+    ),
+    Pinned(
+        "argparse",
+        "ArgumentParser",
+        attribute="_actions",
+        why="a parser's arguments, to list its options: argparse has no public accessor",
+    ),
+    Pinned(
+        "torch.distributed.checkpoint.state_dict_loader",
+        "_load_state_dict",
+        parameters=("state_dict", "storage_reader", "process_group", "coordinator_rank", "no_dist", "planner"),
+        why="DCP's load into an empty dict, as dcp_to_torch_save does: the public `load` fills only the keys given",
+    ),
+    Pinned(
+        "torch.distributed.checkpoint._traverse",
+        "set_element",
+        parameters=("root_dict", "path", "value"),
+        why="puts a loaded entry at its nested place, as the default planner's load_bytes does: not public",
+    ),
+    Pinned(
+        "optuna.study",
+        "Study",
+        attribute="_storage",
+        why="the storage's heartbeats, trial states and user attributes by trial id: Study exposes no storage",
+    ),
+    Pinned(
+        "optuna.trial",
+        "Trial",
+        attribute="_trial_id",
+        why="the id the storage knows a trial by (its number is the study's): no public accessor",
+    ),
+    Pinned(
+        "optuna.trial",
+        "FrozenTrial",
+        attribute="_trial_id",
+        why="as above",
+    ),
+    Pinned(
+        "optuna.storages",
+        "_CachedStorage._get_stale_trial_ids",
+        parameters=("self", "study_id"),
+        why="the running trials whose heartbeat stopped: the public `fail_stale_trials` fails them instead",
+    ),
+    Pinned(
+        "datasets",
+        "IterableDataset",
+        attribute="_distributed",
+        why="whether a Hugging Face stream was split by split_dataset_by_node already: datasets has no public query",
+    ),
+    Pinned(
+        "torch.utils.data",
+        "DataLoader",
+        attribute="_iterator",
+        why="the persistent workers' iterator, to end them before an epoch they must see: no public shutdown",
+    ),
+    Pinned(
+        "torch.utils.data.dataloader",
+        "_MultiProcessingDataLoaderIter._shutdown_workers",
+        parameters=("self",),
+        why="as above",
+    ),
+    Pinned(
+        "torchdata.stateful_dataloader.stateful_dataloader",
+        "_StatefulMultiProcessingDataLoaderIter._shutdown_workers",
+        parameters=("self",),
+        why="as above, for torchdata's StatefulDataLoader",
+    ),
 ]
 
 
@@ -154,3 +334,81 @@ def num_samples_given(sampler) -> bool:
 def accumulating(trainer: L.Trainer) -> bool:
     """Whether the current batch is inside an accumulation window (its optimizer does not step after it)."""
     return trainer.fit_loop.epoch_loop._should_accumulate()
+
+
+def bars_made(progress_bar) -> list:
+    """The training and validation bars a TQDMProgressBar has made so far: its public properties raise until then."""
+    return [bar for bar in (progress_bar._train_progress_bar, progress_bar._val_progress_bar) if bar is not None]
+
+
+def set_restarting(loop, restarting: bool) -> None:
+    """Set a loop's `restarting` (and its children's) as Lightning's base loop does, without the fit loop's rule: only
+    the base loop's own (private) property does that."""
+    _Loop.restarting.fset(loop, restarting)
+
+
+def lightning_instantiator(cli, key: str):
+    """LightningCLI's builder of the model or data (`key`), recording its class and arguments as the checkpoints'
+    hyperparameters: LightningCLI does not export it."""
+    from lightning.pytorch.cli import _InstantiatorFn
+
+    return _InstantiatorFn(cli=cli, key=key)
+
+
+def subcommands_action(parser):
+    """The parser's subcommands action (`add_subcommand`; `choices`: each subcommand's parser), None without any:
+    jsonargparse keeps it on no public attribute."""
+    return getattr(parser, "_subcommands_action", None)
+
+
+def parser_actions(parser) -> list:
+    """The arguments a parser holds, as argparse actions: argparse lists them on no public attribute."""
+    return parser._actions
+
+
+def load_whole_state(state: dict, reader, planner=None) -> None:
+    """DCP's load of a whole checkpoint into the empty `state`, in this process alone (by default with the planner
+    that rebuilds every entry): the public `load` fills only the keys `state` has."""
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    planner = _EmptyStateDictLoadPlanner() if planner is None else planner
+    _load_state_dict(state, storage_reader=reader, planner=planner, no_dist=True)
+
+
+def set_nested(root: dict, path, value) -> None:
+    """Put `value` into the nested `root` along DCP's object path, as DCP's default planner does with a private
+    helper."""
+    from torch.distributed.checkpoint._traverse import set_element
+
+    set_element(root, path, value)
+
+
+def study_storage(study):
+    """The storage an Optuna study reads and writes through: Study exposes none."""
+    return study._storage
+
+
+def trial_id_of(trial) -> int:
+    """The id the study's storage knows an Optuna trial (a Trial or a FrozenTrial) by: Optuna shows only its number."""
+    return trial._trial_id
+
+
+def stale_trial_ids(storage, study_id: int) -> list[int]:
+    """The study's running trials whose heartbeats stopped: Optuna's public `fail_stale_trials` fails them instead."""
+    return storage._get_stale_trial_ids(study_id)
+
+
+def split_by_node(dataset) -> bool:
+    """Whether a Hugging Face stream was split by `split_dataset_by_node` already: datasets has no public query."""
+    return dataset._distributed is not None
+
+
+def end_persistent_workers(loader) -> None:
+    """End a loader's persistent workers, so that its next iterator starts new ones: DataLoader has no public
+    shutdown, and persistent workers keep what they were given at their start (a stream's epoch)."""
+    iterator = getattr(loader, "_iterator", None)  # (a loader class of a library's own may have none)
+    if iterator is None:
+        return
+    if hasattr(iterator, "_shutdown_workers"):
+        iterator._shutdown_workers()
+    loader._iterator = None

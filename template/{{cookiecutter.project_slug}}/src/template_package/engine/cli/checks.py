@@ -13,18 +13,19 @@ from pathlib import Path
 from typing import get_args
 
 import lightning as L
-from lightning.fabric.plugins.precision.precision import _PRECISION_INPUT
 from lightning.pytorch.cli import LightningArgumentParser
 
 from ..data.streams import saved_stream
 from ..errors import UsageError
+from ..internals import parser_actions, subcommands_action
 from ..resume.object_lock import ObjectLock
 from ..resume.remote_run import RemoteRun
 from ..resume.run_lock import RunDirectoryBusy, RunLock
 from ..resume.whole_checkpoint import is_checkpoint, read_for_checks
 from ..training.batch_layout import NO_LAYOUT, saved_layout
+from ..training.trainer import PRECISION_INPUT
 
-PRECISIONS = ["auto", *(p for p in get_args(get_args(_PRECISION_INPUT)[1]) if "transformer" not in p)]
+PRECISIONS = ["auto", *(p for p in get_args(get_args(PRECISION_INPUT)[1]) if "transformer" not in p)]
 
 
 def explain_parse_error(message: str, parser: LightningArgumentParser) -> str:
@@ -36,7 +37,8 @@ def explain_parse_error(message: str, parser: LightningArgumentParser) -> str:
     if unknown:
         name = unknown.group(1)
         prefix = "--" if name.startswith("--") else ""
-        subparsers = getattr(getattr(parser, "_subcommands_action", None), "_name_parser_map", {})
+        subcommands = subcommands_action(parser)
+        subparsers = subcommands.choices if subcommands is not None else {}
         options = [option for subparser in subparsers.values() for option in _options_with_classes(subparser)]
         return f"unknown option {name}: {_closest(name, [prefix + option[2:] for option in options])}"
     in_class = re.match(r'Parser key "(model|data)":.*?Problem with given class_path \'([^\']+)\':\s*(.*?)\n\s*- ',
@@ -102,7 +104,9 @@ def import_class(class_path: str) -> type:
 
 
 def _options(parser) -> list[str]:
-    options = [option for action in parser._actions for option in action.option_strings if option.startswith("--")]
+    options = [
+        option for action in parser_actions(parser) for option in action.option_strings if option.startswith("--")
+    ]
     return [option for option in options if not option.endswith(".help")]
 
 

@@ -7,6 +7,7 @@ import sys
 
 from lightning.pytorch.cli import LightningArgumentParser
 
+from ..internals import parser_actions
 from .checks import class_options
 
 # Subcommands that are not Trainer methods, run by cli/main.py before LightningCLI parses anything: the description
@@ -43,7 +44,7 @@ class ProjectArgumentParser(LightningArgumentParser):
 
     def format_help(self) -> str:
         text = super().format_help()
-        defaults = self.get_defaults() if any(a.dest == "model" for a in self._actions) else {}
+        defaults = self.get_defaults() if any(a.dest == "model" for a in parser_actions(self)) else {}
         for group in ("model", "data"):
             configured = defaults.get(group)
             if configured is None or "class_path" not in configured:

@@ -24,13 +24,13 @@ from typing import Literal
 import lightning as L
 import torch
 from jsonargparse import Namespace
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback, _InstantiatorFn
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.strategies import ModelParallelStrategy
 from lightning.pytorch.utilities.model_helpers import is_overridden
 
 from ..data.loaders import ResumableLoaders
 from ..errors import MACHINE_FAULTS, UsageError, is_a_users_mistake, one_line, original_error
-from ..internals import set_batches_that_stepped
+from ..internals import lightning_instantiator, subcommands_action
 from ..report.predictions import PredictionsCSV
 from ..resume.changes import ChangedModelSettings, check_resume_changes, loading_options
 from ..resume.durable import DurableCheckpointIO, replace_durably
@@ -41,7 +41,7 @@ from ..resume.run_lock import RunLock, is_global_rank_zero
 from ..resume.stop_signals import STOP_SIGNALS
 from ..resume.trained_state import TrainedState
 from ..training.monitor import BestCheckpoints, follow_the_monitored_metric
-from ..training.steps import steps_in
+from ..training.steps import log_at_the_checkpoints_step, steps_in
 from ..training.trainer import Trainer
 from .checks import (
     check_architecture,
@@ -55,6 +55,7 @@ from .checks import (
     take_run_dir,
 )
 from .help import TOOL_MODULES, TOOLS, ProjectArgumentParser, program, project_description
+from .moved_classes import updated_config, with_moved_classes
 from .parent import exit_with_parent_if_asked
 from .run_directory import (
     checkpoint_dir,
@@ -160,9 +161,13 @@ class ProjectCLI(LightningCLI):
     def _add_subcommands(self, parser: LightningArgumentParser, **kwargs) -> None:
         """Lightning's subcommands, and the tools that main runs itself, so that --help lists them all."""
         super()._add_subcommands(parser, **kwargs)
-        subcommands = parser._subcommands_action
+        subcommands = subcommands_action(parser)
         for name, description in TOOLS.items():
             subcommands.add_subcommand(name, LightningArgumentParser(description=description), help=description)
+
+    def subcommand_defaults(self, subcommand: str) -> Namespace:
+        """The defaults of a subcommand's options, as its parser has them."""
+        return subcommands_action(self.parser).choices[subcommand].get_defaults()
 
     def add_core_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         """The trainer, the data and the model, the last two by class path. The data comes before the model: the
@@ -176,7 +181,7 @@ class ProjectCLI(LightningCLI):
         every checkpoint), with the values the data gives the model: an argument of the model left at None (its
         default, or `null` in a config) is the value of the data's attribute of the same name, such as num_classes,
         in_channels or vocab_size. A value given explicitly wins; a class without the argument gets nothing."""
-        build_data, build_model = _InstantiatorFn(cli=self, key="data"), _InstantiatorFn(cli=self, key="model")
+        build_data, build_model = lightning_instantiator(self, "data"), lightning_instantiator(self, "model")
 
         def data(class_type, *args, applied_instantiation_links: dict, **kwargs):
             self._built_data = build_data(class_type, *args, applied_instantiation_links=applied_instantiation_links,
@@ -187,6 +192,10 @@ class ProjectCLI(LightningCLI):
             if self._built_data is None and self.config[self.config.subcommand].data is not None:
                 raise RuntimeError("the data must be built before the model, which takes values from it")
             given = values_from_data(self._built_data, kwargs, class_type)
+            if given and is_global_rank_zero():  # (the hidden contract, said when it happens)
+                taken = ", ".join(f"model.{name}={value!r:.40}" for name, value in given.items())
+                print(f"engine: {taken} from {type(self._built_data).__name__} (an argument left at None takes the "
+                      "data's value)", file=sys.stderr)  # fmt: skip
             links = {**applied_instantiation_links, **{f"model.init_args.{name}": v for name, v in given.items()}}
             return build_model(class_type, *args, applied_instantiation_links=links, **{**kwargs, **given})
 
@@ -228,7 +237,7 @@ class ProjectCLI(LightningCLI):
         subcommand = self.config.get("subcommand")
         config = self.config[subcommand]
         if subcommand != "fit" and config.ckpt_path:
-            self._in_the_checkpoints_run(config, self._subcommand_parsers[subcommand].get_defaults())
+            self._in_the_checkpoints_run(config, self.subcommand_defaults(subcommand))
         root = str(config.trainer.default_root_dir)
         self.remote = RemoteRun(root, config.store) if is_url(root) else None
         if subcommand == "fit" and is_global_rank_zero():  # one lock and one probe per job, not one per process
@@ -279,7 +288,7 @@ class ProjectCLI(LightningCLI):
         subcommand = self.config.get("subcommand")
         if subcommand == "fit" or self.checkpoint is None:
             return
-        config, defaults = self.config[subcommand], self._subcommand_parsers[subcommand].get_defaults()
+        config, defaults = self.config[subcommand], self.subcommand_defaults(subcommand)
         runtime = {"batch_size", *loading_options(config.data.class_path)} if config.data is not None else set()
         for section, key, skip in (
             ("model", "hyper_parameters", set()),
@@ -309,9 +318,7 @@ class ProjectCLI(LightningCLI):
                 self.remote.start_uploads()
         self._check_architecture()
         if self.checkpoint is not None:
-            # Its metrics go beside the run's own, at the step the checkpoint was taken (training/steps.py's x-axis;
-            # Lightning would log them at step 0, among the run's first steps).
-            set_batches_that_stepped(self.trainer, max(steps_in(self.checkpoint) - 1, 0))
+            log_at_the_checkpoints_step(self.trainer, self.checkpoint)
 
     before_validate = before_test = before_predict = _before_evaluation
 
@@ -470,8 +477,11 @@ def build_cli(args: list[str] | None, run_subcommand: bool = True) -> ProjectCLI
     """The CLI without main's error handling; with `run_subcommand=False` it parses, checks the checkpoint and builds
     the classes, and runs nothing (export builds the model this way)."""
     # allow_abbrev off: argparse would take a mistyped --trainer.max_epoch for --trainer.max_epochs, silently.
-    defaults = {"default_config_files": [str(DEFAULT_CONFIG)] if DEFAULT_CONFIG else [], "exit_on_error": False,
-                "allow_abbrev": False}  # fmt: skip
+    default_config = [updated_config(str(DEFAULT_CONFIG))] if DEFAULT_CONFIG else []  # (classes that moved)
+    defaults = {"default_config_files": default_config, "exit_on_error": False, "allow_abbrev": False}
+    command = sys.argv[1:] if args is None else list(args)
+    if (moved := with_moved_classes(command)) != command:
+        args = moved
     # The project's description (a search of the installed distributions) only when help is shown.
     shows_help = {"-h", "--help"} & set(sys.argv[1:] if args is None else args)
     description = project_description(__package__) if shows_help else None

@@ -47,6 +47,7 @@ from torch.utils.data import DataLoader, IterableDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from ..errors import UsageError
+from ..internals import end_persistent_workers, split_by_node
 from . import mosaic, webdatasets
 from .sampling import seed_of
 
@@ -113,8 +114,7 @@ def _litdata_loader(loader: DataLoader) -> bool:
 
 def _unsplit_hf_stream(dataset) -> bool:
     datasets = sys.modules.get("datasets")
-    # (datasets has no public way to ask whether a stream was split by split_dataset_by_node)
-    return datasets is not None and isinstance(dataset, datasets.IterableDataset) and dataset._distributed is None
+    return datasets is not None and isinstance(dataset, datasets.IterableDataset) and not split_by_node(dataset)
 
 
 def prepared(loader: DataLoader, rank: int, world_size: int) -> DataLoader:
@@ -234,11 +234,8 @@ class ResumableStream:
     def _start(self, epoch: int, skip: int) -> None:
         """Sets the epoch where the stream has one, `skip` batches trained in it already, and the workers' seeds."""
         loader = self.reader
-        iterator = getattr(loader, "_iterator", None)
-        if loader.persistent_workers and iterator is not None:  # started again: the epoch reaches new workers only
-            if hasattr(iterator, "_shutdown_workers"):
-                iterator._shutdown_workers()
-            loader._iterator = None
+        if loader.persistent_workers:  # started again: the epoch reaches new workers only
+            end_persistent_workers(loader)
         if self.order == "epochs":
             if _litdata_loader(loader):  # its __iter__ counts the epoch up and sets it on the dataset
                 loader.current_epoch, loader.restore = epoch, False

@@ -17,6 +17,7 @@ import csv
 import importlib.util
 from pathlib import Path
 
+from lightning.fabric.utilities.cloud_io import get_filesystem
 from lightning.pytorch.loggers import CSVLogger, MLFlowLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.loggers.logger import rank_zero_experiment
@@ -65,7 +66,7 @@ class RunCSVLogger(CSVLogger):
     @rank_zero_experiment  # (as Lightning's own: the other ranks get a stand-in, and never touch metrics.csv)
     def experiment(self) -> ExperimentWriter:
         if self._experiment is None:
-            self._fs.makedirs(self.root_dir, exist_ok=True)
+            get_filesystem(self.root_dir).makedirs(self.root_dir, exist_ok=True)
             self._experiment = _PurgingWriter(self.log_dir, self.purge_step)
         return self._experiment
 
@@ -84,7 +85,7 @@ class RunMLFlowLogger(MLFlowLogger):
         if importlib.util.find_spec("mlflow") is None:
             raise ModuleNotFoundError('the MLflow logger needs mlflow: pip install -e ".[mlflow]"')
         self.run_dir = run_dir if "://" in run_dir else str(Path(run_dir).resolve())  # a folder, or a run's URL
-        self.tracking_uri = tracking_uri
+        self.tracking_uri, self.experiment_name = tracking_uri, experiment_name
         super().__init__(experiment_name=experiment_name, tracking_uri=tracking_uri, run_name=Path(run_dir).name,
                          tags={"run_dir": self.run_dir}, **kwargs)  # fmt: skip
         self._logged: dict[str, set[int]] = {}  # steps the MLflow run holds, by metric
@@ -94,8 +95,8 @@ class RunMLFlowLogger(MLFlowLogger):
         """The MLflow run of this run directory, if an earlier fit made one (and what it holds)."""
         from mlflow import MlflowClient
 
-        client = MlflowClient(self._tracking_uri)
-        experiment = client.get_experiment_by_name(self._experiment_name)
+        client = MlflowClient(self.tracking_uri)
+        experiment = client.get_experiment_by_name(self.experiment_name)
         if experiment is None:
             return None
         runs = client.search_runs([experiment.experiment_id], filter_string=f"tags.run_dir = '{self.run_dir}'")

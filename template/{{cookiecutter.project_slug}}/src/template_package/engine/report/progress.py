@@ -6,6 +6,8 @@ import lightning as L
 from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.callbacks.progress.tqdm_progress import convert_inf
 
+from ..internals import bars_made
+
 
 class TimedProgressBar(TQDMProgressBar):
     """Lightning's TQDM progress bar, redrawn at most every `refresh_seconds` instead of every n batches and up to
@@ -15,13 +17,13 @@ class TimedProgressBar(TQDMProgressBar):
 
     def __init__(self, refresh_seconds: float = 1.0, leave: bool = False) -> None:
         super().__init__(refresh_rate=1, leave=leave)
-        self.refresh_seconds = refresh_seconds
+        self.refresh_seconds, self.leave = refresh_seconds, leave
         self._drawn = 0.0
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         """End the bars' line, so that the error's one line starts a line of its own."""
-        for bar in (self._train_progress_bar, self._val_progress_bar):
-            if bar is not None and not bar.disable:
+        for bar in bars_made(self):
+            if not bar.disable:
                 bar.leave = True
                 bar.close()
 
@@ -34,7 +36,7 @@ class TimedProgressBar(TQDMProgressBar):
 
     def _should_update(self, current: int, total: int) -> bool:  # Lightning asks this at each evaluation batch
         """By time; and at the last batch where the bar is left (or validate, test and predict draw their last)."""
-        last = current == total and (self._leave or self.trainer.state.fn != "fit")
+        last = current == total and (self.leave or self.trainer.state.fn != "fit")
         return self.is_enabled and (last or self._due())
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
@@ -45,12 +47,12 @@ class TimedProgressBar(TQDMProgressBar):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_train_start(trainer, pl_module)
-        if not self._leave:  # a run resumed mid-epoch gets no on_train_epoch_start: the epoch it goes on with
+        if not self.leave:  # a run resumed mid-epoch gets no on_train_epoch_start: the epoch it goes on with
             self.on_train_epoch_start(trainer)
             self.train_progress_bar.n = trainer.fit_loop.epoch_loop.batch_progress.current.completed
 
     def on_train_epoch_start(self, trainer: L.Trainer, *_) -> None:
-        if self._leave:
+        if self.leave:
             return super().on_train_epoch_start(trainer)
         bar = self.train_progress_bar
         bar.set_description(f"Epoch {trainer.current_epoch}", refresh=False)
@@ -65,5 +67,5 @@ class TimedProgressBar(TQDMProgressBar):
         bar.initial = 0
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self._leave or self._due():
+        if self.leave or self._due():
             super().on_train_epoch_end(trainer, pl_module)

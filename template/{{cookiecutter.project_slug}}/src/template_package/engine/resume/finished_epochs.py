@@ -10,18 +10,18 @@ epoch that had not ended, as Lightning does without max_steps. Depends on lightn
 """
 
 import lightning as L
-from lightning.pytorch.loops.fit_loop import _FitLoop
-from lightning.pytorch.loops.loop import _Loop
+
+from ..internals import _FitLoop, set_restarting
 
 
 class _FitLoopThatKeepsFinishedEpochs(_FitLoop):
     """Lightning's fit loop, restarting only an epoch that had not ended when its state was saved."""
 
-    @_Loop.restarting.setter
+    @_FitLoop.restarting.setter
     def restarting(self, restarting: bool) -> None:
         epoch = self.epoch_progress.current
         unfinished = epoch.ready != epoch.processed or epoch.started != epoch.processed
-        _Loop.restarting.fset(self, restarting and unfinished)
+        set_restarting(self, restarting and unfinished)
 
 
 def keep_finished_epochs_finished(trainer: L.Trainer) -> None:

@@ -8,6 +8,13 @@ file, fsync, rename), so a kill, a crash or a full disk at any instant leaves a 
 every step before the checkpoint's is logged. Training pays only for a copy of the state: serialisation, fsyncs
 and the rename run in a background thread.
 
+When it is written, all decided here: after an optimizer step whose count (training/steps.py) reaches a multiple of
+`every_n_steps`, never inside a gradient-accumulation window, and one due on an epoch's last batch at that epoch's
+end, after its validation and the module's epoch-end hook; at every epoch's end with `every_n_steps=0`; when training
+ends, whatever ended it; at a stop signal, after the current optimizer step (or, during a validation, the training
+state as the validation found it: validation.py). A run resumed from an epoch's end goes on with the next epoch
+(finished_epochs.py).
+
 Depends on torch, lightning and the engine's durable.py, finished_epochs.py, stop_signals.py and errors.py.
 """
 

@@ -14,9 +14,9 @@ from pathlib import Path
 import torch
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint import metadata as dcp_metadata
-from torch.distributed.checkpoint._traverse import set_element
-from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
 from torch.distributed.checkpoint.planner import ReadItem
+
+from ..internals import _EmptyStateDictLoadPlanner, set_nested
 
 # What DCP pickles into .metadata (torch 2.4 to 2.14), besides torch's dtypes.
 ALLOWED = {
@@ -69,6 +69,6 @@ class SafePlanner(_EmptyStateDictLoadPlanner):
     def load_bytes(self, read_item: ReadItem, value) -> None:
         loaded = torch.load(value, weights_only=True)
         if self.flatten_state_dict:
-            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], loaded)
+            set_nested(self.original_state_dict, self.mappings[read_item.dest_index.fqn], loaded)
         else:
             self.state_dict[read_item.dest_index.fqn] = loaded

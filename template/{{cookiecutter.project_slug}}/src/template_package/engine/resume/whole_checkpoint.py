@@ -17,10 +17,10 @@ from pathlib import Path
 import torch
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata, TensorStorageMetadata
-from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+from torch.distributed.checkpoint.planner import LoadPlanner
 
+from ..internals import load_whole_state
 from ..training.steps import steps_in
 from .safe_dcp import SafePlanner, SafeReader
 
@@ -102,15 +102,15 @@ def read_shards(path: str | Path, weights_only: bool = True) -> dict:
     reader = _reader(path, weights_only)
     check_shard_files(path, reader.read_metadata())
     # What PyTorch's own dcp_to_torch_save does: rebuild the whole state from .metadata, without processes.
-    _load(shards, reader, SafePlanner() if weights_only else _EmptyStateDictLoadPlanner())
+    _load(shards, reader, SafePlanner() if weights_only else None)
     return shards
 
 
-def _load(state: dict, reader: FileSystemReader, planner: _EmptyStateDictLoadPlanner) -> None:
+def _load(state: dict, reader: FileSystemReader, planner: LoadPlanner | None) -> None:
     """DCP's load into `state` in this process alone; a failure raised as itself (an UnpicklingError, an OSError),
     not wrapped in DCP's CheckpointException."""
     try:
-        _load_state_dict(state, storage_reader=reader, planner=planner, no_dist=True)
+        load_whole_state(state, reader, planner)
     except CheckpointException as failed:
         raise next(iter(failed.failures.values()))[0] from None
 

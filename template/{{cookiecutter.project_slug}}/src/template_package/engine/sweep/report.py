@@ -8,6 +8,7 @@ import optuna
 from lightning.pytorch.callbacks import Callback
 
 from ..errors import UsageError
+from ..internals import study_storage, trial_id_of
 
 
 def pruner(pruning: bool) -> optuna.pruners.BasePruner:
@@ -38,8 +39,11 @@ class ReportToTrial(Callback):
         if stage == "fit" and trainer.is_global_zero:
             optuna.logging.set_verbosity(optuna.logging.WARNING)
             study = optuna.load_study(study_name="sweep", storage=self.storage, pruner=pruner(self.pruning))
-            self._trial = optuna.Trial(study, study._storage.get_trial_id_from_study_id_trial_number(
-                study._study_id, self.trial_number))  # fmt: skip
+            storage = study_storage(study)
+            study_id = storage.get_study_id_from_name(study.study_name)
+            self._trial = optuna.Trial(
+                study, storage.get_trial_id_from_study_id_trial_number(study_id, self.trial_number)
+            )
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._stop_if_pruned(trainer, resumed=True)  # a trial resumed after its pruning decision
@@ -60,7 +64,7 @@ class ReportToTrial(Callback):
 
     def _values(self) -> dict[int, float]:
         """What this run (this fold) reported: {step: value}."""
-        values = self._trial.storage.get_trial(self._trial._trial_id).intermediate_values
+        values = self._trial.storage.get_trial(trial_id_of(self._trial)).intermediate_values
         if self.fold is None:
             return values
         return {step: v for step, v in values.items() if 0 <= step - self.first_step < self.epochs_per_fold}

@@ -59,6 +59,7 @@ import yaml
 from ..cli.help import program
 from ..cli.parent import EXIT_WITH_PARENT
 from ..errors import UsageError
+from ..internals import study_storage, trial_id_of
 from ..resume.remote_run import is_url, redacted
 from ..resume.run_lock import RunLock
 from .report import ReportToTrial, pruner
@@ -332,6 +333,7 @@ class Sweep:
         self.stride = stride  # the steps between two folds' reports to the pruner
         self.dir = Path(settings.dir)
         self.ownership = Ownership(study, self.dir)
+        self.storage = study_storage(study)
         self.fit: subprocess.Popen | None = None  # the running trial's fit
         self.stopped_by: int | None = None
 
@@ -369,18 +371,18 @@ class Sweep:
                     claim = RunLock(self.dir / f"trial-{trial.number}", ".sweep.lock")
                     if self.ownership.may_take_over(trial, stale) and try_acquire(claim):
                         # Its process may have finished it and let go of it since the list was read: read it again.
-                        if self.study._storage.get_trial(trial._trial_id).state == RUNNING:
-                            self.ownership.claim(trial._trial_id)
+                        if self.storage.get_trial(trial_id_of(trial)).state == RUNNING:
+                            self.ownership.claim(trial_id_of(trial))
                             resumes = any((self.dir / f"trial-{trial.number}").rglob("last.ckpt"))  # (folds too)
                             print(f"trial {trial.number} lost its process: taken over, "
                                   f"{'from its last.ckpt' if resumes else 'from the start'}", flush=True)  # fmt: skip
-                            return optuna.Trial(self.study, trial._trial_id), claim
+                            return optuna.Trial(self.study, trial_id_of(trial)), claim
                         claim.release()
                 if len(self.study.get_trials(deepcopy=False)) < self.settings.n_trials:
                     with warnings.catch_warnings():
                         warnings.filterwarnings("ignore", "Heartbeat of storage")  # heartbeats are ours, not optimize's
                         trial = self.study.ask()
-                    self.ownership.claim(trial._trial_id)
+                    self.ownership.claim(trial_id_of(trial))
                     claim = RunLock(self.dir / f"trial-{trial.number}", ".sweep.lock")
                     claim.acquire()
                     return trial, claim
@@ -403,13 +405,13 @@ class Sweep:
         for fold in folds:
             run_dir = trial_dir if fold is None else trial_dir / f"fold-{fold}"
             key = "value" if fold is None else f"fold-{fold}"
-            attrs = self.study._storage.get_trial_user_attrs(trial._trial_id)
+            attrs = self.storage.get_trial_user_attrs(trial_id_of(trial))
             if fold is not None and key in attrs:  # trained before the sweep that ran this trial was killed
                 results.append(attrs[key])
                 continue
             code = self._fit(trial, params, run_dir, fold)
-            attrs = self.study._storage.get_trial_user_attrs(trial._trial_id)
-            if self.study._storage.get_trial(trial._trial_id).state != RUNNING:  # a heartbeat came too late
+            attrs = self.storage.get_trial_user_attrs(trial_id_of(trial))
+            if self.storage.get_trial(trial_id_of(trial)).state != RUNNING:  # a heartbeat came too late
                 print(f"trial {trial.number} ({shown}) was finished meanwhile by another process, whose result stands")
                 return
             if "config" not in attrs and (run_dir / "config.yaml").is_file():  # for best.yaml, written wherever
@@ -458,7 +460,7 @@ class Sweep:
         options = [f"--{option}={value}" for option, value in params.items()]
         command = ["fit", *self.fit_args, "-c", str(report_config), f"--trainer.default_root_dir={run_dir}",
                    "--ckpt_path=last", *folds, *options]  # fmt: skip
-        with self.ownership.beating(trial._trial_id), (run_dir / "fit.log").open("a") as log:
+        with self.ownership.beating(trial_id_of(trial)), (run_dir / "fit.log").open("a") as log:
             self.fit = start_trial(command, log)
             code = self.fit.wait()
         self.fit = None

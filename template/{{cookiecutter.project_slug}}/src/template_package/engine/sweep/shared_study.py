@@ -33,6 +33,7 @@ import optuna
 import sqlalchemy
 
 from ..errors import UsageError
+from ..internals import stale_trial_ids, study_storage, trial_id_of
 from ..resume.run_lock import RunDirectoryBusy, RunLock
 
 OWNER = "sweep_owner"  # a trial's system attribute: the host and DIR of the process that trains it
@@ -143,16 +144,17 @@ class Ownership:
     """Who trains which trial: the file locks alone with SQLite; with a server, the heartbeats too."""
 
     def __init__(self, study: optuna.Study, folder: Path) -> None:
-        self.study, self.storage = study, study._storage
+        self.study, self.storage = study, study_storage(study)
+        self.study_id = self.storage.get_study_id_from_name(study.study_name)
         self.heartbeat: int | None = self.storage.get_heartbeat_interval()  # None: SQLite
         self.here = f"{socket.gethostname()} {folder.resolve()}"
 
     def may_take_over(self, trial: optuna.trial.FrozenTrial, stale: set[int]) -> bool:
         """Whether a running trial may have lost its process (its trial lock, tried next, decides on this machine)."""
-        return self.heartbeat is None or trial._trial_id in stale or trial.system_attrs.get(OWNER) == self.here
+        return self.heartbeat is None or trial_id_of(trial) in stale or trial.system_attrs.get(OWNER) == self.here
 
     def stale_trials(self) -> set[int]:
-        return set(self.storage._get_stale_trial_ids(self.study._study_id)) if self.heartbeat else set()
+        return set(stale_trial_ids(self.storage, self.study_id)) if self.heartbeat else set()
 
     def claim(self, trial_id: int) -> None:
         """Make the trial ours in the database (under the study lock): a first heartbeat, and where we train it."""

@@ -29,7 +29,6 @@ import torch.distributed as dist
 from lightning.pytorch.callbacks import BaseFinetuning, WeightAveraging
 from lightning.pytorch.plugins.precision import MixedPrecision
 from lightning.pytorch.strategies import ModelParallelStrategy
-from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch import nn
 from torch.distributed.checkpoint import FileSystemWriter
@@ -200,7 +199,9 @@ class ShardedStrategy(ModelParallelStrategy):
     def on_exception(self, exception: BaseException) -> None:
         """A run that fails takes the processes it started down with it (Lightning does so only for Ctrl-C): one
         stuck in a save (a hung filesystem) would otherwise outlive it, stopped, holding the run's output open."""
-        if isinstance(exception, Exception) and isinstance(self.launcher, _SubprocessScriptLauncher):
+        # (ModelParallelStrategy's one launcher starts this script again for the other processes; there is none when
+        # torchrun or a cluster started them)
+        if isinstance(exception, Exception) and self.launcher is not None:
             self.launcher.kill(signal.SIGKILL)
 
     def teardown(self) -> None:

@@ -4,12 +4,13 @@
 which an optimizer stepped. Under automatic optimization that is `trainer.global_step`; under manual optimization
 `global_step` counts every `optimizer.step()` (two a batch for a GAN) while the loggers count batches. The engine's
 own metrics (train/loss, lr, perf/*), `last_checkpoint.every_n_steps` and the step a resumed run logs from all count
-`training_steps`, so they line up with what the module logs. Depends on lightning only.
+`training_steps`, so they line up with what the module logs; validate, test and predict of a checkpoint log at the
+step it was taken (`log_at_the_checkpoints_step`), beside the run's own points. Depends on lightning only.
 """
 
 import lightning as L
 
-from ..internals import accumulating, batches_that_stepped
+from ..internals import accumulating, batches_that_stepped, set_batches_that_stepped
 
 KEY = "training_steps"  # in a checkpoint: the training steps done when it was taken (`training_steps`)
 
@@ -32,3 +33,9 @@ def steps_in(checkpoint: dict) -> int:
     """The training steps a checkpoint was taken after: where a run resumed from it logs on (its global step for a
     checkpoint written before the engine recorded them, the same under automatic optimization)."""
     return checkpoint.get(KEY, checkpoint["global_step"])
+
+
+def log_at_the_checkpoints_step(trainer: L.Trainer, checkpoint: dict) -> None:
+    """An evaluation of a checkpoint logs its metrics at the step the checkpoint was taken, among the run's own points
+    (Lightning would log them at step 0, among the run's first steps)."""
+    set_batches_that_stepped(trainer, max(steps_in(checkpoint) - 1, 0))

@@ -16,12 +16,11 @@
 """
 
 import functools
-from typing import Literal
+from typing import Literal, Union, get_args, get_type_hints
 
 import lightning as L
 import torch
 from lightning.fabric.plugins.io import CheckpointIO
-from lightning.fabric.plugins.precision.precision import _PRECISION_INPUT
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint, ProgressBar
 from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies import ModelParallelStrategy
@@ -48,6 +47,9 @@ class ScheduleLength(Callback):
 # The engine's own callbacks: added to every run that does not list one of the same class.
 ENGINE_CALLBACKS = (ResumableRNGState, ResumableLoaders, ScheduleLength, ManualClipping, TrainedState)
 DEFAULT_EPOCHS = 20  # when neither max_epochs nor max_steps is given (Lightning's own: 1000)
+# The precisions Lightning's Trainer takes, as its signature types them (without None).
+PRECISION_INPUT = Union[tuple(kind for kind in get_args(get_type_hints(L.Trainer.__init__)["precision"])  # noqa: UP007
+                              if kind is not type(None))]  # fmt: skip
 
 
 def auto_precision() -> str:
@@ -117,7 +119,7 @@ class Trainer(L.Trainer):
         *args,
         default_root_dir: str = "runs/default",
         max_epochs: int | None = None,
-        precision: Literal["auto"] | _PRECISION_INPUT = "auto",
+        precision: Literal["auto"] | PRECISION_INPUT = "auto",
         gradient_clip_val: int | float | None = 1.0,
         gradient_clip_algorithm: Literal["norm", "value"] | None = "norm",
         deterministic: bool | Literal["warn"] | None = True,
