@@ -35,7 +35,7 @@ class ImageClassifier(TrainingRecipe):
             the time it takes to launch their kernels one by one). Pays off on GPUs; the first steps are slow.
         channels_last: keep conv weights and input images in channels-last (NHWC) memory layout, which the
             tensor-core convolution kernels of mixed precision on CUDA read without transposing. Checkpoints load
-            either way; see benchmarks/overhead.py for its measured effect.
+            either way; benchmarks/overhead.py --gpu --channels-last shows what it gains.
         recipe: lr, weight_decay, warmup, min_lr_ratio, fused_optimizer: see engine/training/recipe.py, TrainingRecipe.
     """
 
@@ -102,7 +102,7 @@ class ImageClassifier(TrainingRecipe):
         return self(images).softmax(dim=-1)
 
     def flops_per_sample(self) -> int | None:
-        """FLOPs of training on one image, forward and backward, for `perf/mfu` (engine/callbacks.Throughput):
+        """FLOPs of training on one image, forward and backward, for `perf/mfu` (engine/report/throughput.py):
         Lightning's `measure_flops` on a copy of the network built on the meta device, so counting allocates nothing
         and draws no random numbers (training draws the same with and without it). Counted on 2 images (BatchNorm
         refuses 1), halved. None without an image size."""

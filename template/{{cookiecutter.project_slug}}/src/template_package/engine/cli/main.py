@@ -104,9 +104,8 @@ SEED = 42  # seed_everything's default: python, numpy, torch, CUDA and every loa
 class RunConfigCallback(SaveConfigCallback):
     """Saves the resolved config as DIR/config.yaml once training starts: validate/test/predict leave it alone, and
     a fit that fails during set-up (a bad checkpoint, a warmup longer than the run) does not touch the run. Written
-    atomically (a temporary file, fsynced, renamed over it): a resumed run rewrites it, and a run killed half-way
-    through that write left a config.yaml without `seed_everything`, which the next resume took for a changed seed
-    and refused."""
+    atomically (a temporary file, fsynced, renamed over it): a resumed run rewrites it, and a resume compares its
+    settings with it, so a half-written one would read as changed settings."""
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         pass
@@ -427,7 +426,7 @@ def main(args: list[str] | None = None) -> ProjectCLI:
 def leave_process_group() -> None:
     """Destroy the process group of a multi-process run that ended on every rank. Left to the interpreter's exit,
     gloo's threads are torn down after Python's and the process can abort (SIGABRT, "terminate called without an
-    active exception"; it failed a 2-task SLURM job here once, pytorch/pytorch#190489). Not after an error:
+    active exception", pytorch/pytorch#190489). Not after an error:
     the other ranks may be inside a collective, and destroying would hang (pytorch/torchtitan#1342)."""
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()

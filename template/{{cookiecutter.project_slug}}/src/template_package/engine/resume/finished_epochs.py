@@ -1,8 +1,8 @@
 """A run resumed from a state saved at an epoch's end goes on with the next epoch, whether or not max_steps is set.
 
 Lightning's fit loop treats every resume with `trainer.max_steps` set as a restart inside an epoch (its
-`_FitLoop.restarting`: `restarting and epoch_unfinished or self._iteration_based_training()`, added in Lightning
-PR #12821 by an author "not 100% sure" of it). From a state saved after an epoch had ended, the resumed run then
+`_FitLoop.restarting`: `restarting and epoch_unfinished or self._iteration_based_training()`, Lightning PR #12821).
+From a state saved after an epoch had ended, the resumed run then
 re-enters the finished epoch: it trains other steps than the run that never stopped, with exit 0 (a stream's next
 epoch ends after one batch; tests/test_resume.py). Without max_steps the
 same checkpoint resumes exactly. `keep_finished_epochs_finished` gives the trainer a fit loop that restarts only an
