@@ -7,6 +7,7 @@ import pytest
 import torch
 import yaml
 from conftest import PROJECT_ROOT, QUICK, cli, resume, scalars
+from helpers.runs import log_steps_against_last_ckpt
 
 
 def test_fit_writes_the_run_directory_contract(run_dir: Path, tmp_path: Path):
@@ -55,32 +56,6 @@ def test_resume_continues_the_same_run(run_dir: Path):
     assert sorted(p.name for p in (run_dir / "checkpoints").glob("last*")) == ["last.ckpt"]
     assert [step for step, _ in scalars(run_dir)["val/acc"]] == [5, 11, 17]  # one TensorBoard run, no gap
     assert not list(run_dir.glob("version_*"))
-
-
-def log_steps_against_last_ckpt(run_dir: Path, monkeypatch) -> list[tuple[int, int]]:
-    """Train with a checkpoint every 2 steps; at every write to TensorBoard, (the step written, the step last.ckpt
-    holds then). The model also logs its loss with `self.log`, as a user's own metric would be: Lightning writes
-    those after on_train_batch_end, where the checkpoint is taken."""
-    from lightning.pytorch.loggers import TensorBoardLogger
-    from stand_in import StandInClassifier
-
-    last, seen = run_dir / "checkpoints" / "last.ckpt", []
-    log_metrics, training_step = TensorBoardLogger.log_metrics, StandInClassifier.training_step
-
-    def training_step_with_a_users_metric(self, batch, batch_idx):
-        loss = training_step(self, batch, batch_idx)
-        self.log("user/loss", loss)
-        return loss
-
-    def spy(self, metrics, step=None):
-        seen.append((step, torch.load(last, weights_only=True)["global_step"] if last.exists() else 0))
-        return log_metrics(self, metrics, step)
-
-    monkeypatch.setattr(TensorBoardLogger, "log_metrics", spy)
-    monkeypatch.setattr(StandInClassifier, "training_step", training_step_with_a_users_metric)
-    cli("fit", f"--trainer.default_root_dir={run_dir}", "--last_checkpoint.every_n_steps=2",
-        "--trainer.log_every_n_steps=1", *QUICK)  # fmt: skip
-    return seen
 
 
 def test_last_ckpt_appears_only_after_every_earlier_step_is_logged(run_dir: Path, monkeypatch):

@@ -8,9 +8,11 @@ from helpers.runs import (
     assert_same_run,
     freeze_config,
     kill_when_frozen,
+    log_steps_against_last_ckpt,
     reference_run,
     resume_fit,
     start_fit,
+    weights_with_workers,
 )
 
 pytestmark = pytest.mark.slow
@@ -57,7 +59,6 @@ def test_without_it_a_resumed_run_is_not_exact(tmp_path, tmp_path_factory, monke
 def test_without_it_a_checkpoint_goes_live_before_its_steps_are_logged(run_dir, monkeypatch):
     """LastCheckpoint writes a state at the hook after it was taken, once Lightning has logged the step before it:
     written at once instead, last.ckpt holds step S while step S-1 is not yet logged."""
-    from test_cli import log_steps_against_last_ckpt
 
     from template_package.engine.resume.last_checkpoint import LastCheckpoint
 
@@ -76,7 +77,6 @@ def test_without_it_a_checkpoint_goes_live_before_its_steps_are_logged(run_dir, 
 def test_without_it_random_draws_depend_on_the_number_of_workers(tmp_path, monkeypatch):
     """SeededSamples seeds each sample's draws (the stand-in's noise) from (seed, epoch, index); drawn from each
     worker's own generator instead, 0 and 2 workers train different bits (tests/test_loaders.py: the same bits)."""
-    from test_loaders import weights_with_workers
 
     from template_package.engine.data.sampling import SeededSamples
 

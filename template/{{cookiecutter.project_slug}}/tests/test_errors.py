@@ -209,7 +209,7 @@ def test_a_model_that_builds_its_layers_in_configure_model_takes_the_value_set_i
 @pytest.mark.slow
 def test_a_model_that_builds_its_layers_in_configure_model_trains_under_ddp(run_dir):
     """Each DDP rank's DataModule runs setup() once, before configure_model: every rank builds the same head."""
-    from test_resume import DDP, finish, start_fit
+    from helpers.runs import DDP, finish, start_fit
 
     finish(start_fit(run_dir, *QUICK, *DDP, "--data=stand_in.LateClassesData", "--model=stand_in.LateHeadClassifier"))
     checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)

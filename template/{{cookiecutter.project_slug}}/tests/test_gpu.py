@@ -49,7 +49,7 @@ def test_checkpoint_snapshot_copies_cuda_tensors_to_pinned_host_memory():
 @pytest.mark.parametrize("precision", ["bf16-mixed", "16-mixed"])
 def test_mixed_precision_resume_is_bit_identical_on_cuda(tmp_path, tmp_path_factory, precision):
     """16-mixed also carries the GradScaler's scale and growth tracker through the checkpoint."""
-    from test_resume import assert_kill_and_resume_exact
+    from helpers.runs import assert_kill_and_resume_exact
 
     args = ["--trainer.accelerator=gpu", "--trainer.devices=1", f"--trainer.precision={precision}"]
     assert_kill_and_resume_exact(tmp_path, tmp_path_factory, args, hook="on_train_batch_end", step=8)

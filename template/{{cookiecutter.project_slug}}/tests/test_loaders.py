@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import QUICK, cli, extra_config
+from helpers.runs import weights_with_workers
 from stand_in import Noisy, synthetic_images
 from torch.utils.data import BatchSampler, DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
@@ -140,17 +141,6 @@ def test_reading_in_the_main_process_leaves_the_global_generators_as_they_were()
     assert np.array_equal(np.random.get_state()[1], before[2][1]) and np.random.get_state()[2] == before[2][2]
     in_workers = read(workers=2)
     assert all(torch.equal(a, b) for x, y in zip(in_main, in_workers, strict=True) for a, b in zip(x, y, strict=True))
-
-
-def weights_with_workers(tmp_path, counts: tuple[int, ...]) -> dict[int, dict[str, torch.Tensor]]:
-    """The final weights of a short stand-in run with random noise drawn per sample, for each number of workers."""
-    weights = {}
-    for workers in counts:
-        run_dir = tmp_path / f"workers{workers}"
-        cli("fit", f"--trainer.default_root_dir={run_dir}", *QUICK, "--data.augment=true",
-            f"--data.num_workers={workers}")  # fmt: skip
-        weights[workers] = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
-    return weights
 
 
 def test_random_draws_in_workers_are_the_same_whatever_their_number(tmp_path):

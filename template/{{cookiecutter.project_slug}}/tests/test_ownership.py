@@ -166,12 +166,9 @@ def test_the_guard_sees_a_private_import_an_attribute_and_an_override():
     assert foreign_private_names(ast.parse("from ..internals import _FitLoop, set_restarting"), set()) == {
         "internals._FitLoop"
     }
-    assert foreign_private_overrides("template_package.engine.report.progress").keys() >= {
-        "TimedProgressBar._should_update"
-    }
-    assert "SafePlanner(_EmptyStateDictLoadPlanner)" in foreign_private_overrides(
-        "template_package.engine.resume.safe_dcp"
-    )
+    progress, safe_dcp = (f"{PACKAGE}.engine.{room}" for room in ("report.progress", "resume.safe_dcp"))
+    assert foreign_private_overrides(progress).keys() >= {"TimedProgressBar._should_update"}
+    assert "SafePlanner(_EmptyStateDictLoadPlanner)" in foreign_private_overrides(safe_dcp)
 
 
 def installed(module: str) -> bool:

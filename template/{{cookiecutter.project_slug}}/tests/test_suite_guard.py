@@ -1,5 +1,6 @@
 """The suite itself: a test that writes into the project it tests fails the whole run (conftest.py)."""
 
+import ast
 import shutil
 import subprocess
 import sys
@@ -23,3 +24,15 @@ def test_a_suite_whose_test_writes_into_the_project_fails(tmp_path: Path):
     assert "1 passed" in result.stdout
     assert result.returncode == 1, result.stdout + result.stderr
     assert f"error: the tests wrote into the project: {project / 'runs' / 'default' / 'events'}" in result.stderr
+
+
+def test_no_test_file_imports_another_test_file():
+    """What tests share lives in tests/helpers/ (or a task's own module), never in a test file another one imports."""
+    found = []
+    for path in sorted(TESTS.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            names += [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
+            found += [f"{path.relative_to(TESTS)}:{node.lineno} imports {name}" for name in names
+                      if name.split(".")[-1].startswith("test_")]  # fmt: skip
+    assert not found, found

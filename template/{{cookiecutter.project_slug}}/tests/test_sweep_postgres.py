@@ -173,9 +173,9 @@ def test_a_machine_killed_mid_trial_is_taken_over_and_the_study_ends_as_if_it_ha
 ):
     """Two sweeps with folders of their own on a study of one trial (lean: the trial is what matters). Once a's trial
     has a checkpoint, its fit is frozen and b waits for the trial; then a is SIGKILLed for good (the sweep process
-    alone: its fit dies with it), and b finishes the study alone: it takes a's trial over once a's heartbeat is stale,
-    from the start. The study equals the uninterrupted one of `two_machines` (its first trial: the same command draws
-    the same trials)."""
+    alone: its fit, continued, ends as soon as it sees its sweep gone), and b finishes the study alone: it takes a's
+    trial over once a's heartbeat is stale, from the start. The study equals the uninterrupted one of `two_machines`
+    (its first trial: the same command draws the same trials)."""
     url = new_database(postgres, "killed")
     a, b = tmp_path / "a", tmp_path / ("a" if SHARED_DIR else "b")
     with stopped_at_the_end([start_sweep(a, 1, f"--sweep.storage={url}", HEARTBEAT)]) as processes:
@@ -193,8 +193,9 @@ def test_a_machine_killed_mid_trial_is_taken_over_and_the_study_ends_as_if_it_ha
             time.sleep(0.02)
         os.kill(processes[0].pid, signal.SIGKILL)
         processes[0].wait()
+        os.kill(fit_pid, signal.SIGCONT)  # running again, it sees its sweep is gone and ends (cli/parent.py)
         deadline = time.monotonic() + 30
-        while alive(fit_pid):  # the kernel kills it at once (PR_SET_PDEATHSIG), frozen as it is
+        while alive(fit_pid):
             assert time.monotonic() < deadline, f"the fit {fit_pid} of the killed sweep lives on"
             time.sleep(0.05)
         out = finish_sweep(processes[1])

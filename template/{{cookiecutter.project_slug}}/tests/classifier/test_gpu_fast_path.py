@@ -84,7 +84,7 @@ def test_no_mfu_without_a_known_peak(run_dir):
 def test_fast_path_switches_resume_bit_identical_on_cuda(tmp_path, tmp_path_factory):
     """configs/fast.yaml's switches but cuDNN autotuning (which gives up bit-exactness, see its comments): data held
     on the GPU, fused AdamW, channels_last and CUDA graphs resume exactly."""
-    from test_resume import assert_kill_and_resume_exact
+    from helpers.runs import assert_kill_and_resume_exact
 
     args = [*CLASSIFIER, "--trainer.accelerator=gpu", "--trainer.devices=1", "--trainer.precision=bf16-mixed",
             "--data.on_device=true", "--model.fused_optimizer=true", "--model.channels_last=true",
@@ -107,7 +107,7 @@ def test_fast_preset_trains_on_cuda_and_logs_mfu(tmp_path):
 @pytest.mark.slow
 def test_fast_path_switches_resume_bit_identical_on_cpu(tmp_path, tmp_path_factory):
     """configs/fast.yaml's switches that exist on the CPU: data held on the device, fused AdamW, channels_last."""
-    from test_resume import assert_kill_and_resume_exact
+    from helpers.runs import assert_kill_and_resume_exact
 
     args = [*CLASSIFIER, "--data.on_device=true", "--model.fused_optimizer=true", "--model.channels_last=true"]
     assert_kill_and_resume_exact(tmp_path, tmp_path_factory, args, hook="on_train_batch_end", step=8)

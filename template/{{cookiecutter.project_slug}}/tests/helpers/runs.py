@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import torch
-from conftest import STAND_IN, WarmProcess, extra_config, resume, scalars, started
+from conftest import QUICK, STAND_IN, WarmProcess, cli, extra_config, resume, scalars, started
 
 # The stand-in task, 3 epochs of 19 batches, a checkpoint every 5 optimizer steps and a logged loss at every step.
 BASE = [
@@ -161,3 +161,40 @@ KILL_POINTS = {
     "during_validation": {"hook": "on_validation_batch_end", "step": 19, "batch_idx": 2},
     "during_checkpoint_write": {"hook": "checkpoint_write", "step": 12},
 }
+
+
+def log_steps_against_last_ckpt(run_dir: Path, monkeypatch) -> list[tuple[int, int]]:
+    """Train with a checkpoint every 2 steps; at every write to TensorBoard, (the step written, the step last.ckpt
+    holds then). The model also logs its loss with `self.log`, as a user's own metric would be: Lightning writes
+    those after on_train_batch_end, where the checkpoint is taken."""
+    from lightning.pytorch.loggers import TensorBoardLogger
+    from stand_in import StandInClassifier
+
+    last, seen = run_dir / "checkpoints" / "last.ckpt", []
+    log_metrics, training_step = TensorBoardLogger.log_metrics, StandInClassifier.training_step
+
+    def training_step_with_a_users_metric(self, batch, batch_idx):
+        loss = training_step(self, batch, batch_idx)
+        self.log("user/loss", loss)
+        return loss
+
+    def spy(self, metrics, step=None):
+        seen.append((step, torch.load(last, weights_only=True)["global_step"] if last.exists() else 0))
+        return log_metrics(self, metrics, step)
+
+    monkeypatch.setattr(TensorBoardLogger, "log_metrics", spy)
+    monkeypatch.setattr(StandInClassifier, "training_step", training_step_with_a_users_metric)
+    cli("fit", f"--trainer.default_root_dir={run_dir}", "--last_checkpoint.every_n_steps=2",
+        "--trainer.log_every_n_steps=1", *QUICK)  # fmt: skip
+    return seen
+
+
+def weights_with_workers(tmp_path, counts: tuple[int, ...]) -> dict[int, dict[str, torch.Tensor]]:
+    """The final weights of a short stand-in run with random noise drawn per sample, for each number of workers."""
+    weights = {}
+    for workers in counts:
+        run_dir = tmp_path / f"workers{workers}"
+        cli("fit", f"--trainer.default_root_dir={run_dir}", *QUICK, "--data.augment=true",
+            f"--data.num_workers={workers}")  # fmt: skip
+        weights[workers] = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    return weights

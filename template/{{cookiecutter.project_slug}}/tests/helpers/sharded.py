@@ -6,8 +6,9 @@ from pathlib import Path
 import yaml
 from conftest import PROJECT_ROOT, scalars
 
-from helpers.runs import assert_same_state
 from template_package.engine.resume.whole_checkpoint import read_whole
+
+from .runs import assert_same_state
 
 FSDP = str(PROJECT_ROOT / "configs" / "fsdp.yaml")
 

@@ -16,7 +16,7 @@ import time
 EXIT_WITH_PARENT = "EXIT_WITH_PARENT"
 
 
-def exit_with_parent_if_asked(every: float = 0.5) -> None:
+def exit_with_parent_if_asked(every: float = 0.2) -> None:
     if os.environ.get(EXIT_WITH_PARENT) != "1":
         return
     parent = os.getppid()
