@@ -213,10 +213,12 @@ class TrainingRecipe(L.LightningModule):
 
     def on_before_backward(self, loss: Tensor) -> None:
         # Stop before a NaN/inf reaches the weights, so the last checkpoint stays the last good state. (One
-        # device-to-host sync a step. Under 16-mixed the loss is scaled here, which keeps a finite loss finite.)
-        if not torch.isfinite(loss):
+        # device-to-host sync a step; a Python float is checked without another tensor op. Under 16-mixed the loss is
+        # scaled here, which keeps a finite loss finite.)
+        value = loss.item()
+        if not math.isfinite(value):
             raise NonFiniteLoss(
-                f"train/loss is {loss.item()} at global step {self.trainer.global_step}, batch "
+                f"train/loss is {value} at global step {self.trainer.global_step}, batch "
                 f"{self.trainer.fit_loop.epoch_loop.batch_progress.current.ready - 1} of epoch {self.current_epoch}: "
                 "lower model.lr, check the inputs, or find the first bad operation with --trainer.detect_anomaly true"
             )
