@@ -92,7 +92,9 @@ def test_a_run_in_the_store_keeps_its_files_there_and_evaluates_from_there(bucke
     assert any(name.startswith("checkpoints/epoch=") for name in files)
     assert any(name.startswith("events.out.tfevents") for name in files)
     assert not (tmp_path / "s3:").exists() and not list(tmp_path.iterdir()), "nothing local named after the URL"
-    assert yaml.safe_load(fs.cat(f"{bucket}/ref/config.yaml"))["trainer"]["default_root_dir"] == url
+    config = yaml.safe_load(fs.cat(f"{bucket}/ref/config.yaml"))
+    assert config["trainer"]["default_root_dir"] == url
+    assert {logger["init_args"]["save_dir"] for logger in config["trainer"]["logger"]} == {url}  # not the local folder
     assert saved_step(fs, f"{bucket}/ref/checkpoints/last.ckpt") == 57
     steps = [int(line.split(",")[list(fs.cat(f"{bucket}/ref/metrics.csv").decode().splitlines()[0].split(",")).index(
         "step")]) for line in fs.cat(f"{bucket}/ref/metrics.csv").decode().splitlines()[1:]]  # fmt: skip
@@ -172,6 +174,14 @@ def test_a_store_whose_package_is_missing_stops_before_any_work_naming_it(tmp_pa
         cli("fit", "--trainer.default_root_dir=gs://bucket/run", *BASE)
     assert stop.value.code == "error: gs://bucket/run needs gcsfs: pip install gcsfs"
     assert not list(tmp_path.iterdir())
+
+
+def test_a_file_url_is_the_local_folder_it_names(tmp_path, capsys):
+    run_dir = tmp_path / "elsewhere" / "run"
+    cli("fit", f"--trainer.default_root_dir=file://{run_dir}", *BASE)
+    assert (run_dir / "checkpoints" / "last.ckpt").is_file() and (run_dir / "config.yaml").is_file()
+    assert not (tmp_path / "file:").exists()
+    assert f"last state (step 57): {run_dir}/checkpoints/last.ckpt" in capsys.readouterr().out
 
 
 def test_a_sharded_run_in_the_store_is_refused_in_one_line(bucket, tmp_path):
@@ -296,3 +306,39 @@ def test_a_store_down_past_the_limit_stops_the_run_in_one_line_with_its_last_che
     last = err.strip().splitlines()[-1]
     assert last.startswith((f"error: cannot upload to {url} for 2 s (", f"error: cannot renew the run lock of {url}"))
     assert 0 < saved_step(fs, f"{bucket}/down/checkpoints/last.ckpt") < 57
+
+
+@pytest.mark.slow
+def test_a_store_that_stops_answering_ends_the_run_in_one_line_and_a_stop_signal_in_time(bucket, proxy, monkeypatch,
+                                                                                          tmp_path):  # fmt: skip
+    """A store that takes requests and never answers (a hung server, a black-holed network): requests time out, so
+    training stops past the limit in one line, and a SIGTERM meanwhile exits within --store.stop_timeout, naming the
+    local folder that keeps the newest state. The store's last checkpoint stays whole."""
+    fs = store()
+    point_clients_at(proxy.endpoint, monkeypatch)
+    for name, signaled in (("stalled", False), ("stalled-stopped", True)):
+        url = f"s3://{bucket}/{name}"
+        longer = ["--store.stop_timeout=3", "--trainer.max_epochs=30", *slowed(tmp_path)]
+        run = started(WarmProcess(["fit", f"--trainer.default_root_dir={url}", *BASE, *QUICK_STORE, *longer]))
+        last_ckpt = f"{bucket}/{name}/checkpoints/last.ckpt"
+        wait_for(lambda: fs.exists(last_ckpt), run, what="a last.ckpt in the store")  # noqa: B023
+        proxy.stalled = True
+        stalled_at = time.monotonic()
+        if signaled:
+            run.send_signal(signal.SIGTERM)
+        out, err = run.communicate(timeout=120)
+        ended = time.monotonic() - stalled_at
+        proxy.stalled = False
+        last = err.strip().splitlines()[-1]
+        if signaled:
+            assert run.returncode == 143, err[-3000:]
+            assert ended < 3 + 2 + 10, ended  # the stop timeout, the lock's release, the step in flight
+            assert f"did not reach {url} within 3 s: they are kept in " in err
+        else:
+            assert run.returncode == 1, err[-3000:]
+            assert ended < 30, ended
+            said = (f"error: cannot upload to {url} for 2 s (FSTimeoutError",
+                    f"error: cannot renew the run lock of {url} for 2 s (FSTimeoutError")  # fmt: skip
+            assert last.startswith(said), last
+            assert "the newest state is in " in last
+        assert 0 < saved_step(fs, last_ckpt) < 30 * 19

@@ -57,11 +57,13 @@ def client_env(endpoint: str) -> dict[str, str]:
 class TcpProxy:
     """Forwards 127.0.0.1:`port` to `target_port`, in threads of this process. `rate` (bytes a second, None: no
     limit) slows what it forwards in both directions; `stop()` resets every connection and refuses new ones until
-    `start()`. `sent` counts the bytes forwarded to the server."""
+    `start()`; `stalled = True` holds everything back, a store that takes requests and never answers. `sent` counts
+    the bytes forwarded to the server."""
 
     def __init__(self, target_port: int) -> None:
         self.target_port, self.port = target_port, free_port()
         self.rate: float | None = None
+        self.stalled = False
         self.sent = 0
         self._connections: list[socket.socket] = []
         self._listener: socket.socket | None = None
@@ -113,6 +115,8 @@ class TcpProxy:
     def _pump(self, source: socket.socket, sink: socket.socket, upstream: bool) -> None:
         try:
             while data := source.recv(4096 if self.rate is None else max(256, int(self.rate / 20))):
+                while self.stalled:
+                    time.sleep(0.05)
                 if self.rate is not None:
                     time.sleep(len(data) / self.rate)
                 sink.sendall(data)

@@ -19,7 +19,7 @@ from ..data.streams import saved_stream
 from ..errors import UsageError
 from ..internals import parser_actions, subcommands_action
 from ..resume.object_lock import ObjectLock
-from ..resume.remote_run import RemoteRun
+from ..resume.remote_run import RemoteRun, store_reason
 from ..resume.run_lock import RunDirectoryBusy, RunLock
 from ..resume.whole_checkpoint import is_checkpoint, read_for_checks
 from ..training.batch_layout import NO_LAYOUT, saved_layout
@@ -132,10 +132,10 @@ def take_run_dir(root: Path | RemoteRun, mode: str = "on") -> RunLock | ObjectLo
             return None  # (a filesystem without locks)
         if not remote and not isinstance(error, OSError):
             raise
-        reason = error.strerror if not remote else f"{type(error).__name__}: {str(error).strip()[:300]}"
+        why = error.strerror if not remote else store_reason(error)
         advice = ", or check the store's address and credentials" if remote else ""
         raise SystemExit(
-            f"error: cannot write the run directory {shown} ({reason}): give another --trainer.default_root_dir{advice}"
+            f"error: cannot write the run directory {shown} ({why}): give another --trainer.default_root_dir{advice}"
         ) from None
     if not remote:
         check_run_dir_writable(root)
@@ -161,11 +161,11 @@ def check_run_dir_writable(root: Path) -> None:
 def check_store_writable(remote: RemoteRun) -> None:
     probe = f"{remote.root}/.write_test"
     try:
-        remote.fs.pipe_file(probe, b"probe")
-        remote.fs.rm_file(probe)
+        remote.call("pipe_file", probe, b"probe")
+        remote.call("rm_file", probe)
     except Exception as error:  # noqa: BLE001 - whatever the store answered, in one line
         raise SystemExit(
-            f"error: cannot write the run directory {remote.shown} ({type(error).__name__}: {error}): give another "
+            f"error: cannot write the run directory {remote.shown} ({store_reason(error)}): give another "
             "--trainer.default_root_dir, or check the store's address and credentials"
         ) from None
 

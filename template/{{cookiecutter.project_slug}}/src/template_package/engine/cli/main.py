@@ -61,6 +61,7 @@ from .run_directory import (
     checkpoint_dir,
     configure_loggers,
     fetched_checkpoint,
+    local_path_of,
     point_at,
     predictions_csv,
     resolve_resume,
@@ -123,6 +124,8 @@ class RunConfigCallback(SaveConfigCallback):
                 config.trainer.default_root_dir = self.remote.shown
                 config.ckpt_path = config.ckpt_path and self.remote.shown_path(config.ckpt_path)
             self.parser.save(config, written, skip_none=False, overwrite=True, multifile=self.multifile)
+            if self.remote is not None:  # (the loggers' save_dir too)
+                written.write_text(written.read_text().replace(str(self.remote.local), self.remote.shown))
             replace_durably(written, path)
         self.already_saved = True
 
@@ -154,7 +157,9 @@ class ProjectCLI(LightningCLI):
         finally:
             if self.remote is not None:
                 self._finish_uploads(self.remote.settings.stop_timeout)
-            if self.run_lock is not None:
+            if isinstance(self.run_lock, ObjectLock):  # (after a stop signal, within the little time left)
+                self.run_lock.release(timeout=2.0 if STOP_SIGNALS.exit_code is not None else None)
+            elif self.run_lock is not None:
                 self.run_lock.release()
 
     def _add_subcommands(self, parser: LightningArgumentParser, **kwargs) -> None:
@@ -235,8 +240,12 @@ class ProjectCLI(LightningCLI):
             raise SystemExit(f"error: {explain_parse_error(str(error), self.parser)}") from None
         subcommand = self.config.get("subcommand")
         config = self.config[subcommand]
+        if config.ckpt_path:
+            config.ckpt_path = local_path_of(config.ckpt_path)
         if subcommand != "fit" and config.ckpt_path:
             self._in_the_checkpoints_run(config, self.subcommand_defaults(subcommand))
+        if str(config.trainer.default_root_dir).startswith("file://"):
+            point_at(config, local_path_of(config.trainer.default_root_dir))
         root = str(config.trainer.default_root_dir)
         self.remote = RemoteRun(root, config.store) if is_url(root) else None
         if subcommand == "fit" and is_global_rank_zero():  # one lock and one probe per job, not one per process

@@ -11,6 +11,7 @@ import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -63,6 +64,11 @@ def resolve_resume(config, shown: Callable[[Path | str], str] = str) -> None:
             f"error: {shown(last.parent.parent)} already holds a run ({shown(last)}): resume it with --ckpt_path "
             "last, or give a new --trainer.default_root_dir"
         )
+
+
+def local_path_of(path: str) -> str:
+    """A `file://` URL as the local path it names; any other path or URL as it is."""
+    return urlsplit(path).path if str(path).startswith("file://") else path
 
 
 def point_at(config, root: str) -> None:

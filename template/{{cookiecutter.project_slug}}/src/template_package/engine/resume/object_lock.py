@@ -20,7 +20,7 @@ import threading
 import time
 from email.utils import parsedate_to_datetime
 
-from .remote_run import RemoteRun, StoreError
+from .remote_run import RemoteRun, StoreError, store_reason
 from .run_lock import RunDirectoryBusy
 
 LOCK = ".lock"
@@ -79,7 +79,7 @@ class ObjectLock:
         self._thread.start()
 
     def _take_over(self, at_once: bool) -> None:
-        head = self.run.fs.call_s3("head_object", Bucket=self.bucket, Key=self.key)
+        head = self.run.call("call_s3", "head_object", Bucket=self.bucket, Key=self.key)
         age = parsedate_to_datetime(head["ResponseMetadata"]["HTTPHeaders"]["date"]) - head["LastModified"]
         age, holder = age.total_seconds(), self._holder()
         if not at_once and age < self.settings.expire_after:
@@ -99,7 +99,7 @@ class ObjectLock:
 
     def _read(self) -> str:
         try:
-            return self.run.fs.cat_file(f"{self.bucket}/{self.key}").decode()
+            return self.run.call("cat_file", f"{self.bucket}/{self.key}").decode()
         except (FileNotFoundError, UnicodeDecodeError):
             return ""
 
@@ -108,8 +108,8 @@ class ObjectLock:
 
     def _put(self, **condition: str) -> None:
         asked = time.monotonic()
-        answer = self.run.fs.call_s3(
-            "put_object", Bucket=self.bucket, Key=self.key, Body=self.holder.encode(), **condition
+        answer = self.run.call(
+            "call_s3", "put_object", Bucket=self.bucket, Key=self.key, Body=self.holder.encode(), **condition
         )
         self.etag, self._renewed_at = answer["ETag"], asked
 
@@ -122,26 +122,29 @@ class ObjectLock:
             except Exception as error:  # noqa: BLE001 - a failing store is retried until give_up_after
                 wait = min(self.settings.renew_every, 2.0)
                 if precondition_failed(error) and self._read() == self.holder:  # our renewal went through unseen
-                    self.etag = self.run.fs.info(f"{self.bucket}/{self.key}")["ETag"]
+                    self.etag = self.run.call("info", f"{self.bucket}/{self.key}")["ETag"]
                 elif precondition_failed(error):
                     self.error = StoreError(f"{self.run.shown}: the run lock was taken over by {self._holder()}")
                 elif time.monotonic() - self._renewed_at > self.settings.give_up_after:
                     self.error = StoreError(
                         f"cannot renew the run lock of {self.run.shown} for {self.settings.give_up_after:g} s "
-                        f"({type(error).__name__}: {str(error).strip()[:200]})"
+                        f"({store_reason(error)})"
                     )
 
     def check(self) -> None:
         if self.error is not None:
             raise self.error
 
-    def release(self) -> None:
-        """Stop renewing, and delete the lock if it is still this holder's."""
+    def release(self, timeout: float | None = None) -> None:
+        """Stop renewing, and delete the lock if it is still this holder's, waiting at most `timeout` seconds for the
+        store (request_timeout by default; a stopped run has little time left)."""
+        timeout = self.settings.request_timeout if timeout is None else timeout
         self._stop.set()
         if self._thread is not None:
-            self._thread.join()
+            self._thread.join(timeout)
             self._thread = None
         if self.etag is not None and self.error is None:
             with contextlib.suppress(Exception):  # (left behind, it expires)
-                self.run.fs.call_s3("delete_object", Bucket=self.bucket, Key=self.key, IfMatch=self.etag)
+                self.run.call("call_s3", "delete_object", Bucket=self.bucket, Key=self.key, IfMatch=self.etag,
+                              timeout=timeout)  # fmt: skip
             self.etag = None

@@ -53,6 +53,8 @@ class StoreSettings:
         request_timeout: seconds a request to the store may wait for an answer before it counts as failed.
         stop_timeout: seconds a stopped run (SIGTERM, SIGUSR1, Ctrl-C) spends uploading its last state; below the
             grace period that Kubernetes and cloud preemption give by default.
+        logs_every: seconds between uploads of the loggers' files at epochs' ends (they go up with each last.ckpt
+            too): flushing and reading them at every short epoch would cost the steps a share.
     """
 
     renew_every: float = 30.0
@@ -60,6 +62,7 @@ class StoreSettings:
     give_up_after: float = 90.0
     request_timeout: float = 30.0
     stop_timeout: float = 25.0
+    logs_every: float = 30.0
 
 
 class StoreError(RuntimeError):
@@ -105,8 +108,10 @@ def fetch(url: str, folder: Path) -> Path:
     fs, path = store_of(url)
     local = folder / Path(path).name
     folder.mkdir(parents=True, exist_ok=True)
+    timeout = {"timeout": StoreSettings.request_timeout} if fs.async_impl else {}
     try:
-        fs.get_file(path, str(local))
+        size = fs.info(path, **timeout).get("size") or 0
+        fs.get_file(path, str(local), **({"timeout": timeout["timeout"] + size / 1e6} if timeout else {}))
     except FileNotFoundError:
         raise SystemExit(f"error: --ckpt_path {redacted(url)} does not exist: give the URL of a .ckpt file") from None
     return local
@@ -124,24 +129,35 @@ class RemoteRun:
         self.uploads: Uploads | None = None
         self.finished: bool | None = None  # once finish() has run: whether everything reached the store
 
+    def call(self, method: str, *args, size: int = 0, **kwargs):
+        """`self.fs.<method>(...)` that fails (fsspec's FSTimeoutError) when the store has not answered within
+        request_timeout plus a second a megabyte: a store that stopped answering would hold its caller for good
+        (botocore's own read timeout does not reach s3fs's requests)."""
+        if self.fs.async_impl:
+            kwargs.setdefault("timeout", self.settings.request_timeout + size / 1e6)
+        else:
+            kwargs.pop("timeout", None)
+        return getattr(self.fs, method)(*args, **kwargs)
+
     def fetch_run(self) -> None:
         """Read the run's files from the store, but for its checkpoints (those a command needs: `fetch`)."""
         try:
-            found = self.fs.find(self.root)
+            found = self.call("find", self.root, detail=True)
         except FileNotFoundError:
             return  # a new run
-        for path in found:
+        for path, info in found.items():
             relative = path[len(self.root) :].lstrip("/")
             if relative and not relative.startswith(NOT_OF_THE_LOGS):
                 (self.local / relative).parent.mkdir(parents=True, exist_ok=True)
-                self.fs.get_file(path, str(self.local / relative))
+                self.call("get_file", path, str(self.local / relative), size=info.get("size") or 0)
 
     def fetch(self, relative: str) -> Path | None:
         """The run's file `relative` read from the store into the local folder; None if the store has none."""
         local = self.local / relative
         local.parent.mkdir(parents=True, exist_ok=True)
         try:
-            self.fs.get_file(f"{self.root}/{relative}", str(local))
+            size = self.call("info", f"{self.root}/{relative}").get("size") or 0
+            self.call("get_file", f"{self.root}/{relative}", str(local), size=size)
         except FileNotFoundError:
             local.unlink(missing_ok=True)
             return None
@@ -259,25 +275,25 @@ class Uploads:
 
     def _upload(self, relative: str, content: bytes | Path | None) -> None:
         """One object, retried with backoff until the store takes it or has failed for give_up_after seconds."""
-        fs, target = self.run.fs, f"{self.run.root}/{relative}"
+        run, target = self.run, f"{self.run.root}/{relative}"
         failing_since, delay = None, 0.5
         while not self._closing:
             try:
                 if content is None:
                     with contextlib.suppress(FileNotFoundError):
-                        fs.rm_file(target)
+                        run.call("rm_file", target)
                 elif isinstance(content, bytes):
-                    fs.pipe_file(target, content)
+                    run.call("pipe_file", target, content, size=len(content))
                 else:
-                    fs.put_file(str(content), target)
+                    run.call("put_file", str(content), target, size=content.stat().st_size)
                 return
             except Exception as error:  # noqa: BLE001 - any failure of the store is retried, then reported
                 failing_since = failing_since or time.monotonic()
                 if time.monotonic() - failing_since >= self.run.settings.give_up_after:
                     self.error = StoreError(
                         f"cannot upload to {self.run.shown} for {self.run.settings.give_up_after:g} s "
-                        f"({type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}):"
-                        f" the store keeps the last checkpoint it received; the newest state is in {self.run.local}"
+                        f"({store_reason(error)}): the store keeps the last checkpoint it received; the newest state "
+                        f"is in {self.run.local}"
                     )
                     return
                 time.sleep(delay)
@@ -287,6 +303,12 @@ class Uploads:
     def _drop(content: bytes | Path | None) -> None:
         if isinstance(content, Path):
             content.unlink(missing_ok=True)
+
+
+def store_reason(error: BaseException) -> str:
+    """A store's error in a few words: its type and first line (a timeout: no answer)."""
+    text = str(error).strip().splitlines()[0][:200] if str(error).strip() else "no answer in time"
+    return f"{type(error).__name__}: {text}"
 
 
 class MirroredCheckpointIO(DurableCheckpointIO):
@@ -310,16 +332,23 @@ class MirroredCheckpointIO(DurableCheckpointIO):
         self.uploads.logs()
 
     def failure(self) -> StoreError | None:
-        return self.uploads.error or getattr(self.lock, "error", None)
+        lost = getattr(self.lock, "error", None)
+        if lost is not None:  # (the uploads' error names the local folder already)
+            return StoreError(f"{lost}; the newest state is in {self.uploads.run.local}")
+        return self.uploads.error
 
 
 class StoreSync(Callback):
-    """The loggers' files of a run in object storage go up at every epoch's end too, not only with last.ckpt."""
+    """The loggers' files of a run in object storage go up at an epoch's end too, at most every `logs_every`
+    seconds, not only with last.ckpt."""
 
     def __init__(self, uploads: Uploads) -> None:
-        self.uploads = uploads
+        self.uploads, self._last = uploads, time.monotonic()
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if time.monotonic() - self._last < self.uploads.run.settings.logs_every:
+            return
+        self._last = time.monotonic()
         for logger in trainer.loggers:
             logger.save()
         self.uploads.logs()
