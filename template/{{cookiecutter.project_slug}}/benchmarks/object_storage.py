@@ -2,15 +2,15 @@
 [--every N] [--repeats N]`.
 
 Trains the example (its default config, TensorBoard and CSV logging on) for `--steps` optimizer steps with last.ckpt
-every `--every` steps (more often than the engine's default, so that uploads are always behind), in a local run directory and in `s3://` on a local S3 API
-server (moto's) reached through a TCP proxy slowed to a bandwidth at which one checkpoint upload takes 1.5 times the
-interval between two saves, so that uploads are always behind training. The fits run in this process, alternating,
-local then store, `--repeats` times, so that what differs between processes (their memory, the machine's load at
-their start) cancels. Prints each fit's seconds per step, from its first training step to the end of training, every
-save and log upload included, by the wall clock and by the training thread's CPU time (once training has ended the
-proxy lets the rest of the uploads through at full speed: what is left to upload then is not a step's time), the
-bandwidth, and `ratio <x>`: the median of store/local over the pairs, with its spread (the goal: <= 1.02). Needs the
-s3 extra and moto's server (pip install -e ".[s3]" "moto[server]").
+every `--every` steps, in a local run directory and in `s3://` on a local S3 API server (moto's) reached through a TCP
+proxy slowed to a bandwidth at which one checkpoint upload takes 1.5 times the interval between two saves, so that
+uploads are always behind training. The fits run in this process, alternating, local then store, `--repeats` times:
+each store fit is compared with the local fit right before it, since fits a minute apart differ on a shared machine.
+Prints each fit's seconds per step, from its first training step to the end of training, every save and log upload
+included, by the wall clock and by the training thread's CPU time (once training has ended the proxy lets the rest of
+the uploads through at full speed: what is left to upload then is not a step's time), the bandwidth, and `ratio <x>`:
+the median of store/local over the pairs, with its spread (the goal: <= 1.02). Needs the s3 extra and moto's server
+(pip install -e ".[s3]" "moto[server]").
 """
 
 import argparse
