@@ -47,14 +47,23 @@ def test_cruft_create_links_the_project_to_the_template(tmp_path, template_repo)
     assert check.returncode == 0, check.stdout + check.stderr
 
 
-def test_cruft_update_brings_a_template_change_into_the_project(tmp_path, template_repo):
-    cruft = str(Path(sys.executable).with_name("cruft"))
-    created = run([cruft, "create", str(template_repo), "--directory", "template", "--no-input"], cwd=tmp_path)
+CRUFT = str(Path(sys.executable).with_name("cruft"))
+GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
+
+
+def project_of_cruft(tmp_path: Path, template_repo: Path) -> Path:
+    """A project made with `cruft create` from the template repository, committed in a git repository of its own."""
+    created = run([CRUFT, "create", str(template_repo), "--directory", "template", "--no-input"], cwd=tmp_path)
     assert created.returncode == 0, created.stderr
     project = tmp_path / "digits-classifier"
-    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
     for cmd in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "project"]):
-        subprocess.run([*git, *cmd], cwd=project, check=True, capture_output=True)
+        subprocess.run([*GIT, *cmd], cwd=project, check=True, capture_output=True)
+    return project
+
+
+def test_cruft_update_brings_a_template_change_into_the_project(tmp_path, template_repo):
+    cruft, git = CRUFT, GIT
+    project = project_of_cruft(tmp_path, template_repo)
     # The template moves on: a new line in a preset, committed upstream.
     preset = template_repo / "template" / "{{cookiecutter.project_slug}}" / "configs" / "fast.yaml"
     preset.write_text(preset.read_text() + "# a template change\n")
@@ -69,13 +78,8 @@ def test_cruft_update_brings_a_template_change_into_the_project(tmp_path, templa
 
 def test_a_cruft_update_that_conflicts_with_a_local_change_leaves_markers_and_reports_success(tmp_path, template_repo):
     """What the README says of a conflict (cruft 2.16): `git apply -3` leaves conflict markers, cruft exits 0."""
-    cruft = str(Path(sys.executable).with_name("cruft"))
-    created = run([cruft, "create", str(template_repo), "--directory", "template", "--no-input"], cwd=tmp_path)
-    assert created.returncode == 0, created.stderr
-    project = tmp_path / "digits-classifier"
-    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
-    for cmd in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "project"]):
-        subprocess.run([*git, *cmd], cwd=project, check=True, capture_output=True)
+    cruft, git = CRUFT, GIT
+    project = project_of_cruft(tmp_path, template_repo)
     mine = project / "configs" / "fast.yaml"
     mine.write_text(mine.read_text().replace("\n", "\n# my change\n", 1))
     subprocess.run([*git, "commit", "-q", "-am", "mine"], cwd=project, check=True, capture_output=True)
