@@ -131,10 +131,6 @@ class ObjectLock:
                         f"({store_reason(error)})"
                     )
 
-    def check(self) -> None:
-        if self.error is not None:
-            raise self.error
-
     def release(self, timeout: float | None = None) -> None:
         """Stop renewing, and delete the lock if it is still this holder's, waiting at most `timeout` seconds for the
         store (request_timeout by default; a stopped run has little time left)."""

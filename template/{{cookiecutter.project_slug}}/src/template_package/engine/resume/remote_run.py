@@ -172,11 +172,6 @@ class RemoteRun:
         self.uploads = Uploads(self)
         return self.uploads
 
-    def check(self) -> None:
-        """Raise StoreError when uploads have failed for too long (in the training thread)."""
-        if self.uploads is not None and self.uploads.error is not None:
-            raise self.uploads.error
-
     def finish(self, timeout: float | None) -> bool:
         """Upload what is left within `timeout` (None: as long as the store answers). Whether all is in the store."""
         if self.finished is None:
