@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -18,6 +19,8 @@ import yaml
 from conftest import PROJECT_ROOT, STAND_IN, WarmProcess, cli, extra_config, started, subprocess_env
 from helpers.object_store import S3Server, TcpProxy, client_env
 from helpers.runs import assert_same_run, reference_run
+
+from template_package.engine.resume.remote_run import RemoteRun, StoreSettings
 
 s3fs = pytest.importorskip("s3fs", reason='a run in object storage needs s3fs: pip install -e ".[s3]"')
 
@@ -174,6 +177,32 @@ def test_a_store_whose_package_is_missing_stops_before_any_work_naming_it(tmp_pa
         cli("fit", "--trainer.default_root_dir=gs://bucket/run", *BASE)
     assert stop.value.code == "error: gs://bucket/run needs gcsfs: pip install gcsfs"
     assert not list(tmp_path.iterdir())
+
+
+def test_a_checkpoint_handed_over_again_while_it_goes_up_is_not_pulled_from_under_its_upload():
+    """The uploads in-process on fsspec's memory filesystem (memory:// is for in-process tests only): a newer
+    last.ckpt handed over while the older one is being uploaded waits its turn, and the store ends with the newer."""
+    run = RemoteRun(f"memory://race-{uuid.uuid4().hex[:8]}/run", StoreSettings(give_up_after=2))
+    uploads = run.start_uploads()
+    going_up, let_it_finish, put = threading.Event(), threading.Event(), run.fs.put_file
+
+    def slow_put(local, target, **kwargs):
+        going_up.set()
+        let_it_finish.wait(30)
+        return put(local, target, **kwargs)
+
+    run.fs.put_file = slow_put
+    last = run.local / "checkpoints" / "last.ckpt"
+    last.parent.mkdir()
+    for version in (b"older", b"newer"):
+        last.with_suffix(".tmp").write_bytes(version)
+        os.replace(last.with_suffix(".tmp"), last)  # (as durable.py writes it)
+        uploads.file(last)
+        assert going_up.wait(30)
+    let_it_finish.set()
+    assert run.finish(30) and uploads.error is None, uploads.error
+    assert run.fs.cat_file(f"{run.root}/checkpoints/last.ckpt") == b"newer"
+    run.close()
 
 
 def test_a_file_url_is_the_local_folder_it_names(tmp_path, capsys):

@@ -197,6 +197,7 @@ class Uploads:
         self._seen: dict[str, tuple[int, int]] = {}  # the loggers' files as last read: size, modification time
         self._pins = itertools.count()
         self._busy = self._closing = False
+        self._in_flight: bytes | Path | None = None  # what is going up now
         self._changed = threading.Condition()
         self.logs(enqueue=False)  # what was read from the store is there already
         self._thread = threading.Thread(target=self._upload_all, name="run-uploads", daemon=True)
@@ -245,7 +246,9 @@ class Uploads:
 
     def _hand_over(self, relative: str, content: bytes | Path | None) -> None:
         with self._changed:
-            self._drop(self._queue.pop(relative, None))
+            older = self._queue.pop(relative, None)
+            if older is not self._in_flight:  # (the one going up now is dropped once it is up)
+                self._drop(older)
             self._queue[relative] = content
             self._changed.notify_all()
 
@@ -257,15 +260,15 @@ class Uploads:
                 if self._closing or self.error is not None:
                     return
                 relative, content = next(iter(self._queue.items()))
-                self._busy = True
+                self._busy, self._in_flight = True, content
             try:
                 self._upload(relative, content)
             finally:
                 with self._changed:
                     if self._queue.get(relative, False) is content:  # (not handed over again meanwhile)
                         del self._queue[relative]
-                        self._drop(content)
-                    self._busy = False
+                    self._drop(content)
+                    self._busy, self._in_flight = False, None
                     self._changed.notify_all()
 
     def _upload(self, relative: str, content: bytes | Path | None) -> None:
