@@ -41,6 +41,7 @@ TRAINER_SUBCOMMANDS = ("fit", "validate", "test", "predict")
 # once), and one of these started last kept a single worker busy for 1-2 min while the other had nothing left.
 LONGEST_FIRST = (
     "test_sweep_postgres.py",
+    "test_object_store.py",
     "test_scale_out.py",
     "test_sharded.py",
     "test_guarantee_kit.py",

@@ -3,6 +3,7 @@ init_args: yours, once you have put them there. `pytest -m guarantees` runs thes
 
 import pytest
 from conftest import PROJECT_ROOT, subprocess_env
+from helpers.warm_start import kit_runner
 
 from template_package.engine.guarantees import GuaranteeKit
 
@@ -11,7 +12,9 @@ pytestmark = pytest.mark.guarantees
 
 @pytest.fixture(scope="module")
 def kit(tmp_path_factory) -> GuaranteeKit:
-    return GuaranteeKit(tmp_path_factory.mktemp("guarantees"), env=subprocess_env(), cwd=PROJECT_ROOT)
+    # Its runs start from the tests' warm server (tests/helpers/warm_start.py); `python -m <package> guarantees` starts
+    # them as new processes (tests/test_copy_modules.py runs it so).
+    return GuaranteeKit(tmp_path_factory.mktemp("guarantees"), env=subprocess_env(), cwd=PROJECT_ROOT, run=kit_runner)
 
 
 def test_a_repeat_run_is_identical(kit):
