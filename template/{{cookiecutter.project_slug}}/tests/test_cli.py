@@ -131,6 +131,23 @@ def test_print_config_shows_the_resolved_defaults(capsys):
         assert line in printed
 
 
+def test_every_moved_class_is_found_and_an_old_path_trains_with_the_new_class_and_one_warning(tmp_path, capsys):
+    from importlib import import_module
+
+    from template_package.engine.cli.moved_classes import MOVED
+    from template_package.engine.resume.trained_state import TrainedState
+
+    for new in MOVED.values():
+        module, name = new.rsplit(".", 1)
+        assert isinstance(getattr(import_module(f"template_package.engine.{module}"), name), type), new
+    old = "template_package.engine.resume.rng.ResumableRNGState"  # (merged into TrainedState)
+    trainer = cli("fit", *QUICK, f"--trainer.default_root_dir={tmp_path}", f"--trainer.callbacks+={old}").trainer
+    assert sum(isinstance(callback, TrainedState) for callback in trainer.callbacks) == 1
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning: ")]
+    assert warnings == [f"warning: the command line names {old}, which moved to template_package.engine.resume."
+                        "trained_state.TrainedState: read as the new one; update it (CHANGELOG.md)"]  # fmt: skip
+
+
 def printed_config(capsys, *args: str) -> dict:
     with pytest.raises(SystemExit) as stop:
         cli("fit", *args, "--print_config", task=[])

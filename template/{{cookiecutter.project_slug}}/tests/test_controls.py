@@ -21,17 +21,17 @@ pytestmark = pytest.mark.slow
 def killed_then_resumed_without(tmp_path, monkeypatch, args: list[str], mechanism: str, **kill_point):
     """Kill a run at `kill_point`, resume it in this process with `mechanism` switched off; returns its run directory.
 
-    rng_restore: ResumableRNGState does not restore the random states; loader_state: the loader does not restore its
+    rng_restore: TrainedState does not restore the random states; loader_state: the loader does not restore its
     position; sampler_epoch: the engine's train loader starts at epoch 0's order, whatever the epoch."""
     from torchdata.stateful_dataloader import StatefulDataLoader
 
     from template_package.engine.data import loaders
-    from template_package.engine.resume.rng import ResumableRNGState
+    from template_package.engine.resume.rng import RandomStates
 
     run_dir = tmp_path / "run"
     kill_when_frozen(start_fit(run_dir, "-c", freeze_config(tmp_path, **kill_point), *args), tmp_path / "frozen")
     if mechanism == "rng_restore":
-        monkeypatch.setattr(ResumableRNGState, "on_train_start", lambda self, trainer, pl_module: None)
+        monkeypatch.setattr(RandomStates, "restore", lambda self, trainer, pl_module: None)
     elif mechanism == "loader_state":
         monkeypatch.setattr(StatefulDataLoader, "load_state_dict", lambda self, state_dict: None)
     else:

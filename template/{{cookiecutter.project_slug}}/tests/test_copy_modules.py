@@ -14,7 +14,7 @@ import yaml
 from torch.utils.data import DataLoader
 
 import template_package
-from template_package.engine import LastCheckpoint, ResumableRNGState
+from template_package.engine import LastCheckpoint, TrainedState
 
 ENGINE = Path(template_package.__path__[0]) / "engine"
 
@@ -190,7 +190,7 @@ def test_resume_modules_keep_last_ckpt_with_a_bare_trainer(tmp_path):
     from lightning.pytorch.demos.boring_classes import BoringModel, RandomDataset
 
     L.seed_everything(0)
-    callbacks = [LastCheckpoint(str(tmp_path / "ckpt"), every_n_steps=5), ResumableRNGState()]
+    callbacks = [LastCheckpoint(str(tmp_path / "ckpt"), every_n_steps=5), TrainedState()]
     # (LastCheckpoint is a Lightning Checkpoint: with it, Lightning adds no ModelCheckpoint of its own.)
     trainer = L.Trainer(max_epochs=2, logger=False, enable_progress_bar=False, callbacks=callbacks,
                         limit_train_batches=6, limit_val_batches=0)  # fmt: skip

@@ -15,7 +15,7 @@ from .data.loaders import ResumableLoaders
 from .data.sampling import sample_seed
 from .errors import UsageError
 from .resume.last_checkpoint import LastCheckpoint
-from .resume.rng import ResumableRNGState
+from .resume.trained_state import TrainedState
 from .training.recipe import TrainingRecipe
 from .training.schedulers import WarmupCosineSchedule
 from .training.trainer import Trainer
@@ -23,7 +23,7 @@ from .training.trainer import Trainer
 __all__ = [
     "LastCheckpoint",
     "ResumableLoaders",
-    "ResumableRNGState",
+    "TrainedState",
     "Trainer",
     "TrainingRecipe",
     "UsageError",

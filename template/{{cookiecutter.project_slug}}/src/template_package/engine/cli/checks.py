@@ -260,7 +260,7 @@ def check_world_size(ckpt_path: str, checkpoint: dict, trainer: L.Trainer, allow
     Each rank's random state and data position, and the batches of every optimizer step follow from the world size.
     With `--allow_change world_size` the run goes on with the same global batch on the new number of processes
     (training/batch_layout.py), which the checkpoint's recorded layout makes possible; otherwise it must not change."""
-    rng_states = checkpoint.get("rng_states")  # one row per rank (resume.ResumableRNGState)
+    rng_states = checkpoint.get("rng_states")  # one row per rank (resume/rng.py)
     saved = len(rng_states["torch"]) if rng_states else None
     world_size = trainer.world_size
     if saved is None or saved == world_size:

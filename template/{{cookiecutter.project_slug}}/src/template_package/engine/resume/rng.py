@@ -1,5 +1,6 @@
 """Every rank's random generators in each checkpoint: without them a resumed run draws different dropout masks and
-epoch shuffles than the run that never stopped (Lightning saves none of them).
+epoch shuffles than the run that never stopped (Lightning saves none of them). Kept by resume/trained_state.py's
+TrainedState.
 
 Depends on torch, numpy, lightning and the engine's data/sampling.py (seeds) and training/batch_layout.py (a run
 moved to another number of processes).
@@ -10,11 +11,12 @@ import random
 import lightning as L
 import numpy as np
 import torch
-from lightning.pytorch.callbacks import Callback
 
 from ..data.sampling import seed_generators, seed_of
 from ..errors import UsageError
 from ..training.batch_layout import KEY as LAYOUT
+
+KEY = "rng_states"  # in a checkpoint: one row per rank of each generator's state
 
 
 def rng_state_tensors(device: torch.device) -> dict[str, torch.Tensor]:
@@ -54,17 +56,18 @@ def gather_rows(tensor: torch.Tensor, world_size: int) -> torch.Tensor:
     return torch.stack(rows).cpu()
 
 
-class ResumableRNGState(Callback):
-    """Saves every rank's RNG states in each checkpoint and restores them when training resumes.
+class RandomStates:
+    """Every rank's RNG states in each checkpoint, restored when training resumes: TrainedState calls these from its
+    hooks.
 
-    They are restored in `on_train_start`, after Lightning has seeded everything and rebuilt the data loaders, so
-    nothing draws from the restored generators before the first resumed batch. A run resumed on another number of
+    They are restored at the start of training, after Lightning has seeded everything and rebuilt the data loaders,
+    so nothing draws from the restored generators before the first resumed batch. A run resumed on another number of
     processes (training/batch_layout.py) seeds each rank's generators from (seed, step, rank) instead.
 
     Validation during training leaves the random states as it found them: a validation_step that samples would
     otherwise shift the training's draws, and differently in a resumed run, which skips the sanity check. A checkpoint
-    taken during validation holds the states validation found. (The eval
-    loaders' worker seeds come from generators of their own: loaders.ResumableLoaders.)
+    taken during validation holds the states validation found. (The eval loaders' worker seeds come from generators
+    of their own: loaders.ResumableLoaders.)
     """
 
     def __init__(self) -> None:
@@ -72,39 +75,37 @@ class ResumableRNGState(Callback):
         self._may_move = False  # whether the checkpoint may go on on another number of processes
         self._before_validation: dict[str, torch.Tensor] | None = None
 
-    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+    def validation_starts(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.state.fn == "fit" and not trainer.sanity_checking:
             self._before_validation = rng_state_tensors(pl_module.device)
 
-    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+    def validation_ended(self, pl_module: L.LightningModule) -> None:
         if self._before_validation is not None:
             set_rng_state_tensors(self._before_validation, pl_module.device)
             self._before_validation = None
 
-    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+    def save(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
         # During a validation of training (a stop signal there, validation.py): the states validation found.
         states = self._before_validation or rng_state_tensors(pl_module.device)
         if trainer.world_size > 1:  # one row per rank; rank 0 writes them all
             states = {k: gather_rows(v.to(pl_module.device), trainer.world_size) for k, v in states.items()}
         else:
             states = {k: v.unsqueeze(0) for k, v in states.items()}
-        checkpoint["rng_states"] = states
+        checkpoint[KEY] = states
 
-    def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
-        self._to_restore = checkpoint.get("rng_states")
+    def load(self, checkpoint: dict) -> None:
+        self._to_restore = checkpoint.get(KEY)
         # A run may move to another number of processes only with a checkpoint that records its batch layout
         # (loaders.ResumableLoaders refuses the move unless it was asked for).
         self._may_move = LAYOUT in checkpoint
 
-    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+    def restore(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._to_restore is None:
             return
         saved, rank = len(self._to_restore["torch"]), trainer.global_rank
         if saved == trainer.world_size:
             set_rng_state_tensors({k: v[rank] for k, v in self._to_restore.items()}, pl_module.device)
-        elif (
-            self._may_move
-        ):  # on another number of processes (training/batch_layout.py): new streams, the same on every restart
+        elif self._may_move:  # on another number of processes: new streams, the same on every restart
             seed = seed_of(torch.initial_seed(), trainer.global_step, rank)
             seed_generators(seed)
             if pl_module.device.type == "cuda":

@@ -1,5 +1,7 @@
-"""What decides the next step beyond the weights, optimizers, schedules, generators and the loader's position: kept in
-every checkpoint and checked when a run resumes, for any module and any callback.
+"""What decides the next step beyond the weights, optimizers, schedules and the loader's position: kept in every
+checkpoint and put back or checked when a run resumes, for any module and any callback.
+
+Every rank's random generators (rng.py) are saved and restored.
 
 A callback may set training up in a hook that a resumed run does not repeat: Lightning's BaseFinetuning freezes the
 backbone again in `setup` on every run and unfreezes it only at the start of its epoch, so a run resumed past that
@@ -14,7 +16,7 @@ StochasticWeightAveraging does; a run resumed mid-epoch skips them). When a run 
 Not compared, as they do not decide training: a checkpoint writer's state (paths and scores) and Timer's elapsed
 time. `--allow_change callbacks.<Name>` lets a callback's state differ. A run resumed on another number of processes
 (`--allow_change world_size`) says in a notice when it cannot be exact: its first step drew from torch's generators
-(dropout), or BatchNorm layers compute per-device statistics. Depends on torch and lightning.
+(dropout), or BatchNorm layers compute per-device statistics. Depends on torch, lightning and rng.py.
 """
 
 import sys
@@ -25,6 +27,7 @@ from lightning.pytorch.callbacks import Callback, Checkpoint
 from torch import nn
 
 from ..errors import UsageError
+from .rng import RandomStates
 
 KEY = "trained_state"  # in a checkpoint: what `observed` saw when it was taken
 NOT_COMPARED = {"Timer": {"time_elapsed"}}  # a callback's keys that do not decide training (and every Checkpoint's)
@@ -66,10 +69,11 @@ def modes_of(module: nn.Module) -> dict[str, bool]:
 
 
 class TrainedState(Callback):
-    """Records `observed` in each checkpoint and, on a resume, puts it back or stops (see the module docstring).
-    `allowed`: the `--allow_change` options of the resumed run."""
+    """Records the generators (rng.RandomStates) and `observed` in each checkpoint and, on a resume, puts them back or
+    stops (see the module docstring). `allowed`: the `--allow_change` options of the resumed run."""
 
     def __init__(self) -> None:
+        self.random = RandomStates()
         self.allowed: list[str] = []
         self._modes: dict[str, bool] | None = None
         self._saved: dict | None = None
@@ -79,11 +83,19 @@ class TrainedState(Callback):
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._modes = None  # (taken again at the epoch's first step: after every epoch-start hook)
 
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.random.validation_starts(trainer, pl_module)
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.random.validation_ended(pl_module)
+
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+        self.random.save(trainer, pl_module, checkpoint)
         modes = self._modes if self._modes is not None else modes_of(pl_module)
         checkpoint[KEY] = observed(pl_module, trainer.optimizers, modes, trainer.world_size)
 
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+        self.random.load(checkpoint)
         epochs = checkpoint["loops"]["fit_loop"]["epoch_progress"]["current"]
         mid_epoch = epochs["started"] > epochs["processed"]  # (else it goes on at the next epoch's start)
         self._saved = {"state": checkpoint.get(KEY), "callbacks": checkpoint.get("callbacks", {}) if mid_epoch else {}}
@@ -91,6 +103,7 @@ class TrainedState(Callback):
         self._moved_from = saved_world_size if saved_world_size != trainer.world_size else None
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.random.restore(trainer, pl_module)  # (after Lightning has seeded and built the loaders)
         saved, self._saved = self._saved, None
         if saved is None:
             return

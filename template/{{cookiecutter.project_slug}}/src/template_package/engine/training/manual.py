@@ -14,7 +14,6 @@ clipping is then not applied. Depends on lightning only.
 import sys
 
 import lightning as L
-from lightning.pytorch.callbacks import Callback
 
 
 def keep_clipping_aside(trainer: L.Trainer, model: L.LightningModule) -> None:
@@ -24,15 +23,15 @@ def keep_clipping_aside(trainer: L.Trainer, model: L.LightningModule) -> None:
         trainer.manual_clipping, trainer.gradient_clip_val = trainer.gradient_clip_val, None
 
 
-class ManualClipping(Callback):
+class ManualClipping:
     """Puts the configured clipping back once Lightning has checked the settings, for `training_step` to apply, and
-    says once if the first training batch did not apply it."""
+    says once if the first training batch did not apply it (run_settings.RunSettings calls these from its hooks)."""
 
     def __init__(self) -> None:
         self._clips = 0
         self._watching = None  # the precision plugin whose clip_gradients is counted, during the first batch
 
-    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+    def put_back(self, trainer: L.Trainer, stage: str) -> None:
         value = getattr(trainer, "manual_clipping", None)
         if stage != "fit" or value is None:
             return
@@ -45,10 +44,10 @@ class ManualClipping(Callback):
 
         plugin.clip_gradients, self._watching = counted, plugin  # (LightningModule.clip_gradients calls it)
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
+    def batch_ended(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._watching is None:
             return
-        self._stop_watching()
+        self.stop_watching()
         if self._clips == 0 and trainer.is_global_zero:
             print(
                 f"notice: {type(pl_module).__name__} optimizes manually and its first training batch clipped no "
@@ -58,10 +57,7 @@ class ManualClipping(Callback):
                 file=sys.stderr,
             )
 
-    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        self._stop_watching()
-
-    def _stop_watching(self) -> None:
+    def stop_watching(self) -> None:
         if self._watching is not None:
             del self._watching.clip_gradients  # the class's own method again: nothing counted on later batches
             self._watching = None

@@ -4,11 +4,10 @@
   directory `runs/default`, 20 epochs unless `max_steps` is given, deterministic kernels, clipping by global norm at
   1.0, metrics every 10 steps, `precision="auto"` (see `auto_precision`); TF32 matmuls on CUDA;
 - checkpoint files written atomically (durable.DurableCheckpointIO, unless a CheckpointIO plugin is given);
-- the engine's own callbacks, whatever the config lists: every rank's RNG states in each checkpoint
-  (resume.ResumableRNGState), what else decides the next step, checked on a resume (resume/trained_state.py), a
-  train loader that resumes exactly (loaders.ResumableLoaders), and the length of
-  every WarmupCosineSchedule (recipe.set_schedule_lengths), so that no module trains at LR 0, and the configured
-  clipping for a module that optimizes manually (manual.py);
+- the engine's own callbacks, whatever the config lists, one a concern: every rank's RNG states in each checkpoint
+  and what else decides the next step, put back or checked on a resume (resume/trained_state.py), a train loader
+  that resumes exactly (data/loaders.py), and the run's settings a module cannot see when it is built: its
+  schedules' length and, when it optimizes manually, the configured clipping (run_settings.py);
 - the checkpoint callbacks in the order Lightning expects: `trainer.checkpoint_callback` (what `ckpt_path="best"`
   reads) is the best checkpoints' ModelCheckpoint, and `LastCheckpoint` comes after it;
 - a DataModule's prepare_data that leaves the global random generators and the multiprocessing start method as they
@@ -21,7 +20,7 @@ from typing import Literal, Union, get_args, get_type_hints
 import lightning as L
 import torch
 from lightning.fabric.plugins.io import CheckpointIO
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint, ProgressBar
+from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies import ModelParallelStrategy
 
@@ -31,21 +30,13 @@ from ..errors import UsageError
 from ..internals import wrap_prepare_data
 from ..resume.durable import DurableCheckpointIO
 from ..resume.last_checkpoint import LastCheckpoint
-from ..resume.rng import ResumableRNGState
 from ..resume.trained_state import TrainedState
-from .manual import ManualClipping, keep_clipping_aside
-from .recipe import set_schedule_lengths
+from .manual import keep_clipping_aside
+from .run_settings import RunSettings
 
-
-class ScheduleLength(Callback):
-    """Gives every WarmupCosineSchedule the run's length when training starts (recipe.set_schedule_lengths)."""
-
-    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        set_schedule_lengths(trainer)
-
-
-# The engine's own callbacks: added to every run that does not list one of the same class.
-ENGINE_CALLBACKS = (ResumableRNGState, ResumableLoaders, ScheduleLength, ManualClipping, TrainedState)
+# The engine's own callbacks: added to every run that does not list one of the same class. (Few: Lightning calls
+# every hook of every callback at every step, overridden or not.)
+ENGINE_CALLBACKS = (TrainedState, ResumableLoaders, RunSettings)
 DEFAULT_EPOCHS = 20  # when neither max_epochs nor max_steps is given (Lightning's own: 1000)
 # The precisions Lightning's Trainer takes, as its signature types them (without None).
 PRECISION_INPUT = Union[tuple(kind for kind in get_args(get_type_hints(L.Trainer.__init__)["precision"])  # noqa: UP007
