@@ -11,9 +11,9 @@ epoch is, whole: its steps and its epoch-end work.
 --features bare: Lightning's own floor, with nothing of the template but its model and recipe: the model without
 its NaN check and logging, in `Trainer(barebones=True)`, built without the CLI. Validation is off in all of them,
 since the reference loop does not validate. --features template: the template (on) against Lightning's floor (bare),
-a fit of each per repeat, each against the reference loop in its own fit; the last line is `template overhead <x>`,
-the median of template / bare over the repeats, with the spread. `--without FEATURE` (repeatable) drops a feature
-from the template's side, to measure what it costs.
+without the reference loop: per repeat a fit of each, on two threads that take turns step by step and train the same
+network (Relay); the last line is `template overhead <x>`, the median of template / bare over the repeats, with the
+spread. `--without FEATURE` (repeatable) drops a feature from the template's side, to measure what it costs.
 
 --gpu: a torchvision ResNet-18 on CIFAR-sized random 3x32x32 images held in memory (no download), batch 256, on
 one CUDA GPU, also reporting samples/s and the peak GPU memory of each side run alone. Add --precision 16-mixed,
@@ -26,10 +26,12 @@ overhead ratio of 0.67 is 1.5x its samples/s.
 
 import argparse
 import copy
+import functools
 import gc
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -208,14 +210,19 @@ class BareClassifier(ImageClassifier):
         return F.cross_entropy(self(images), targets)
 
 
-def fit_bare(options: argparse.Namespace, root: str, callbacks: list[L.Callback] | None = None) -> L.Trainer:
+def fit_bare(
+    options: argparse.Namespace, root: str, callbacks: list[L.Callback] | None = None, network=None
+) -> L.Trainer:
     """The recipe of configs/default.yaml in `Trainer(barebones=True)`, which skips Lightning's logging, progress and
-    checkpointing machinery: what any Lightning training loop costs at least."""
+    checkpointing machinery: what any Lightning training loop costs at least. `network`: train this one (the same
+    tensors, so the same memory layout, as the side it is compared with)."""
     data = datamodule(options)
     L.seed_everything(42)
     model = BareClassifier(
         options.arch, data.num_classes, data.in_channels, compile=options.compile, channels_last=options.channels_last
     )
+    if network is not None:
+        model.net = network
     trainer = L.Trainer(
         barebones=True, max_epochs=options.epochs, gradient_clip_val=1.0, deterministic=True,
         callbacks=callbacks if callbacks is not None else [Interleave()],
@@ -242,25 +249,99 @@ def peak_memory_mib(options: argparse.Namespace, root: str) -> tuple[float, floa
     return peaks[0], peaks[1]
 
 
+class Relay:
+    """Two fits on two threads that take turns step by step: one runs while the other waits, so the template's steps
+    and Lightning's floor's alternate in one process, and the machine's changes of speed (a CPU shared with other
+    machines runs the same step up to 15% slower or faster from one step to the next) hit both alike."""
+
+    def __init__(self, clock) -> None:
+        self.clock = clock
+        self.turn = {side: threading.Semaphore(0) for side in SIDES}
+        self.seconds = {side: 0.0 for side in SIDES}  # the timed steps'
+        self.steps = {side: 0 for side in SIDES}
+        self.done: set[str] = set()
+        self.failed: BaseException | None = None
+        self.network: torch.nn.Module | None = None  # the template's, which the bare fit trains too
+
+    def hand_over(self, side: str) -> None:
+        """`side` gives the CPU to the other fit, and waits for its turn back unless the other has ended."""
+        other = next(s for s in SIDES if s != side)
+        if other not in self.done:
+            self.turn[other].release()
+            self.turn[side].acquire()
+
+    def run(self, side: str, fit) -> None:
+        self.turn[side].acquire()
+        try:
+            fit()
+        except BaseException as error:  # (raised again by the benchmark's main thread)
+            self.failed = error
+        finally:
+            self.done.add(side)
+            self.turn[next(s for s in SIDES if s != side)].release()
+
+
+SIDES = ("template", "bare")
+
+
+class Turn(L.Callback):
+    """Times its fit's steps after the first epoch (warm-up) and hands over to the other fit after each. A turn runs
+    from taking it back to the end of the next training batch: every hook, epoch end and logging in between."""
+
+    relay: Relay  # set by the benchmark before each pair of fits
+    side = "bare"
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
+        relay = self.relay
+        relay.network = relay.network or pl_module.net
+        if trainer.current_epoch > 0:
+            relay.seconds[self.side] += relay.clock() - self.taken
+            relay.steps[self.side] += 1
+        relay.hand_over(self.side)
+        self.taken = relay.clock()
+
+
+class TemplateTurn(Turn):
+    side = "template"
+
+
+def fit_template_turns(options: argparse.Namespace, root: str) -> None:
+    template = argparse.Namespace(**{**vars(options), "features": "on"})
+    build_cli(trainer_args(template, root, options.epochs, [f"{TemplateTurn.__module__}.{TemplateTurn.__name__}"]))
+
+
+def fit_bare_turns(options: argparse.Namespace, root: str, relay: Relay) -> None:
+    fit_bare(options, root, callbacks=[Turn()], network=relay.network)  # (made by the template's first turn)
+
+
 def template_overhead(options: argparse.Namespace) -> None:
-    """--features template: per repeat, the template as configured (features on) and bare Lightning, each timed
-    against the reference loop interleaved in its own fit; their ratio is what the template costs over Lightning's
-    own floor, the reference cancelling the machine's drift between the two fits."""
+    """--features template: per repeat, the template as configured (features on) and bare Lightning, each a fit on
+    its own thread, their steps alternating (Relay); the ratio of their times per step is what the template costs
+    over Lightning's own floor. Both train the same network (the same tensors): its memory layout, which changes a
+    convolution's speed by a few percent from one process to the next, is the same for both."""
     ratios = []
+    clock = time.thread_time if options.clock == "cpu" else time.perf_counter
     with tempfile.TemporaryDirectory() as tmp:
         for repeat in range(1, options.repeats + 1):
-            per_side = {}
-            for side in ("on", "bare"):
-                t, r, _ = fit_interleaved(
-                    argparse.Namespace(**{**vars(options), "features": side}), f"{tmp}/{side}{repeat}"
-                )
-                per_side[side] = t / r
-            ratios.append(per_side["on"] / per_side["bare"])
-            print(f"repeat {repeat}: template {per_side['on']:.3f}, bare {per_side['bare']:.3f} x the hand loop, "
-                  f"template / bare {ratios[-1]:.3f}", flush=True)  # fmt: skip
+            Turn.relay = relay = Relay(clock)
+            fits = {"template": functools.partial(fit_template_turns, options, f"{tmp}/t{repeat}"),
+                    "bare": functools.partial(fit_bare_turns, options, f"{tmp}/b{repeat}", relay)}  # fmt: skip
+            threads = [threading.Thread(target=relay.run, args=(side, fits[side])) for side in SIDES]
+            relay.turn["template"].release()  # (first: the bare fit trains the template's network)
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            if relay.failed:
+                raise relay.failed
+            per_step = {side: relay.seconds[side] / relay.steps[side] for side in SIDES}
+            ratios.append(per_step["template"] / per_step["bare"])
+            print(f"repeat {repeat}: template {per_step['template'] * 1e3:.3f} ms/step, bare "
+                  f"{per_step['bare'] * 1e3:.3f} ms/step, template / bare {ratios[-1]:.4f}", flush=True)  # fmt: skip
     without = f" without {', '.join(options.without)}" if options.without else ""
-    print(f"template overhead {statistics.median(ratios):.3f} ({min(ratios):.3f}..{max(ratios):.3f}, "
-          f"{options.repeats} paired repeats, {options.clock} clock{without})")  # fmt: skip
+    spread = f"{min(ratios):.3f}..{max(ratios):.3f}"
+    print(f"template overhead {statistics.median(ratios):.3f} ({spread}, {options.repeats} repeats of {options.epochs} "
+          f"epochs, by turns, {options.clock} clock{without})")  # fmt: skip
 
 
 def main() -> None:
