@@ -51,26 +51,31 @@ class WarmStart:
         )  # fmt: skip
         self._pending = b""
         self.returncodes: dict[int, int] = {}  # the children that have ended
+        self._talking = threading.Lock()  # one thread at a time asks and reads answers (the kit runs two at once)
 
     def start(self, args: list[str], cwd: Path, out: Path, err: Path | None = None, env: dict | None = None) -> int:
         """Start `python -m <package> ARGS` in `cwd`, its output appended to `out` (and its errors to `err`, or to
         `out` too); its pid."""
         request = {"args": list(args), "cwd": str(cwd), "out": str(out), "err": str(err or out), "env": env or {},
                    "dies_with_server": self.dies_with_us}  # fmt: skip
-        self._server.stdin.write((json.dumps(request) + "\n").encode())
-        self._server.stdin.flush()
-        while True:
-            message = self._next_answer(timeout=None)
-            if "returncode" not in message:
-                return message["pid"]
+        with self._talking:
+            self._server.stdin.write((json.dumps(request) + "\n").encode())
+            self._server.stdin.flush()
+            while True:
+                message = self._next_answer(timeout=None)
+                if "returncode" not in message:
+                    return message["pid"]
 
     def returncode(self, pid: int, timeout: float | None = None) -> int | None:
         """The child's exit status once it has ended (waiting up to `timeout` seconds, forever with None)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while pid not in self.returncodes:
             left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0 or self._next_answer(left) is None:
+            if left is not None and left <= 0:
                 return None
+            with self._talking:  # (briefly: another thread may be waiting for its own child)
+                if pid not in self.returncodes:
+                    self._next_answer(0.2 if left is None else min(left, 0.2))
         return self.returncodes[pid]
 
     def serving(self) -> bool:
@@ -303,15 +308,17 @@ if __name__ == "__main__":
 
 
 _SERVERS: dict[tuple, WarmStart] = {}  # by environment, ended when this process ends
+_MAKING = threading.Lock()  # (the kit asks from two threads)
 
 
 def warm_server(env: dict[str, str], cwd: Path) -> WarmStart:
     """A warm server for this test process's runs with this environment (its start imports the engine once)."""
     key = tuple(sorted(env.items()))
-    if key not in _SERVERS or not _SERVERS[key].serving():
-        _SERVERS[key] = WarmStart(env=env, cwd=cwd)
-        atexit.register(_SERVERS[key].close)
-    return _SERVERS[key]
+    with _MAKING:
+        if key not in _SERVERS or not _SERVERS[key].serving():
+            _SERVERS[key] = WarmStart(env=env, cwd=cwd)
+            atexit.register(_SERVERS[key].close)
+        return _SERVERS[key]
 
 
 def kit_runner(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:

@@ -2,14 +2,14 @@
 classes configs/default.yaml names (tests/test_guarantees.py), and `python -m <package> guarantees [--model a.b.C
 --data a.b.D ...]` on any classes, wherever the engine was copied.
 
-Each check trains short real runs in child processes (`python -m <package> fit`, as your runs start), in the
-working directory the kit was made in (your relative paths mean what they mean in your runs), with these settings
-overridden: the CPU, one process, 32-true precision, 2 epochs of at most 6 batches, 2 validation batches, every metric
-written to metrics.csv. Everything else is your config's. A DataModule that reads a stream makes its data small itself,
-with the init arguments of its class attribute `kit_options` (e.g. `kit_options = {"shard_sizes": [24, 24, 24, 24]}`):
-the kit's runs then read it as a real run does, where a limit of 6 batches would give the loader a length and switch
-off Lightning's read-ahead; they get `max_steps=1000` too, the length a warmup-cosine schedule needs from a stream
-(the runs still end after 2 epochs).
+Each check trains short real runs in child processes (`python -m <package> fit`, as your runs start; two at once
+where they do not depend on each other), in the working directory the kit was made in (your relative paths mean what
+they mean in your runs), with these settings overridden: the CPU, one process, 32-true precision, 2 epochs of at
+most 6 batches, 2 validation batches, every metric written to metrics.csv. Everything else is your config's. A
+DataModule that reads a stream makes its data small itself, with the init arguments of its class attribute
+`kit_options` (e.g. `kit_options = {"shard_sizes": [24, 24, 24, 24]}`): the kit's runs then read it as a real run
+does, where a limit of 6 batches would give the loader a length and switch off Lightning's read-ahead; they get
+`max_steps=1000` too, the length a warmup-cosine schedule needs from a stream (the runs still end after 2 epochs).
 
 - repeatable: two runs with the same settings end with the same bits;
 - exact resume: one run stopped three times and resumed each time with `--ckpt_path last`, at the three kinds of
@@ -37,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import lightning as L
@@ -156,8 +157,8 @@ class GuaranteeKit:
         cwd: Path | None = None,
         run: Callable[[list[str], Path, dict[str, str]], subprocess.CompletedProcess] | None = None,
     ) -> None:
-        """`run(args, cwd, env)` runs `python -m <package> ARGS` and returns what it did; by default a new process,
-        as your runs start (run_command)."""
+        """`run(args, cwd, env)` runs `python -m <package> ARGS` and returns what it did, called from two threads at
+        once; by default a new process, as your runs start (run_command)."""
         self.folder, self.task = Path(folder).resolve(), list(task)
         self.cwd = Path(cwd or Path.cwd()).resolve()
         self.env = {"OMP_NUM_THREADS": "1", **(env or os.environ)}
@@ -167,11 +168,16 @@ class GuaranteeKit:
         self.run = run or run_command
         self._reference: Path | None = None
         self._data_settings: list[str] | None = None
+        self._csv_logger: str | None = None
 
     # --- The checks ---------------------------------------------------------------------------------------------
 
     def check_repeatable(self) -> None:
-        self.compare("repeat", self.reference(), self.fit("repeat"), "two runs with the same settings differ")
+        self.data_settings(), self.logger_config()  # (made once, before two runs read them)
+        with ThreadPoolExecutor(2) as pool:  # (the two runs at once: on two cores the kit takes less time)
+            repeat = pool.submit(self.fit, "repeat")
+            reference = self.reference()
+        self.compare("repeat", reference, repeat.result(), "two runs with the same settings differ")
 
     def check_exact_resume(self) -> None:
         """All three stops in one run, resumed after each; when that run differs, each stop alone, to name it: the
@@ -190,7 +196,9 @@ class GuaranteeKit:
                      "uninterrupted run (each stop alone does not)")  # fmt: skip
 
     def check_workers_agree(self) -> None:
-        workers = [self.fit(f"workers{count}", f"--data.num_workers={count}") for count in (0, 2)]
+        self.data_settings(), self.logger_config()
+        with ThreadPoolExecutor(2) as pool:
+            workers = list(pool.map(lambda count: self.fit(f"workers{count}", f"--data.num_workers={count}"), (0, 2)))
         self.compare("workers", *workers, "0 and 2 loader workers train different bits")
 
     def why_workers_not_compared(self) -> str | None:
@@ -294,6 +302,13 @@ class GuaranteeKit:
             self._data_settings = [*small, STREAM_LENGTH] if small else [SHORT_EPOCHS]
         return self._data_settings
 
+    def logger_config(self) -> str:
+        """The config file that gives the kit's runs their CSV logger."""
+        if self._csv_logger is None:
+            logger = {"class_path": f"{ENGINE}.report.loggers.RunCSVLogger"}
+            self._csv_logger = self._config("csv.yaml", loggers=[logger])
+        return self._csv_logger
+
     def fit(self, name: str, *args: str) -> Path:
         run_dir = self.folder / name
         self._run(run_dir, *args)
@@ -305,8 +320,7 @@ class GuaranteeKit:
         return yaml.safe_load(printed.stdout)
 
     def _run(self, run_dir: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-        csv_logger = self._config("csv.yaml", loggers=[{"class_path": f"{ENGINE}.report.loggers.RunCSVLogger"}])
-        result = self._command("fit", *self.task, *SETTINGS, *self.data_settings(), "-c", csv_logger,
+        result = self._command("fit", *self.task, *SETTINGS, *self.data_settings(), "-c", self.logger_config(),
                                f"--trainer.default_root_dir={run_dir}", *args, check=False)  # fmt: skip
         with (run_dir.parent / f"{run_dir.name}.log").open("a") as log:
             log.write(result.stdout + result.stderr)
