@@ -20,6 +20,7 @@ from ..errors import UsageError
 from ..internals import parser_actions, subcommands_action
 from ..resume.object_lock import ObjectLock
 from ..resume.remote_run import RemoteRun, store_reason
+from ..resume.rng import KEY as RNG_STATES
 from ..resume.run_lock import RunDirectoryBusy, RunLock
 from ..resume.whole_checkpoint import is_checkpoint, read_for_checks
 from ..training.batch_layout import NO_LAYOUT, saved_layout
@@ -260,7 +261,7 @@ def check_world_size(ckpt_path: str, checkpoint: dict, trainer: L.Trainer, allow
     Each rank's random state and data position, and the batches of every optimizer step follow from the world size.
     With `--allow_change world_size` the run goes on with the same global batch on the new number of processes
     (training/batch_layout.py), which the checkpoint's recorded layout makes possible; otherwise it must not change."""
-    rng_states = checkpoint.get("rng_states")  # one row per rank (resume/rng.py)
+    rng_states = checkpoint.get(RNG_STATES)  # one row per rank
     saved = len(rng_states["torch"]) if rng_states else None
     world_size = trainer.world_size
     if saved is None or saved == world_size:

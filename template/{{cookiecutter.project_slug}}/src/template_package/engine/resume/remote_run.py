@@ -103,15 +103,25 @@ def store_of(url: str, request_timeout: float = 30.0):
     return fsspec.core.url_to_fs(url, **options)
 
 
+def call(fs, request_timeout: float, method: str, *args, size: int = 0, **kwargs):
+    """`fs.<method>(...)` that fails (fsspec's FSTimeoutError) when the store has not answered within request_timeout
+    plus a second a megabyte of `size`: a store that stopped answering would hold its caller for good (botocore's own
+    read timeout does not reach s3fs's requests). A `timeout` given overrides it."""
+    if fs.async_impl:
+        kwargs.setdefault("timeout", request_timeout + size / 1e6)
+    else:
+        kwargs.pop("timeout", None)
+    return getattr(fs, method)(*args, **kwargs)
+
+
 def fetch(url: str, folder: Path) -> Path:
     """Download the file `url` into `folder` (a checkpoint named by URL); one line if it is not there."""
     fs, path = store_of(url)
     local = folder / Path(path).name
     folder.mkdir(parents=True, exist_ok=True)
-    timeout = {"timeout": StoreSettings.request_timeout} if fs.async_impl else {}
     try:
-        size = fs.info(path, **timeout).get("size") or 0
-        fs.get_file(path, str(local), **({"timeout": timeout["timeout"] + size / 1e6} if timeout else {}))
+        size = call(fs, StoreSettings.request_timeout, "info", path).get("size") or 0
+        call(fs, StoreSettings.request_timeout, "get_file", path, str(local), size=size)
     except FileNotFoundError:
         raise SystemExit(f"error: --ckpt_path {redacted(url)} does not exist: give the URL of a .ckpt file") from None
     return local
@@ -130,14 +140,8 @@ class RemoteRun:
         self.finished: bool | None = None  # once finish() has run: whether everything reached the store
 
     def call(self, method: str, *args, size: int = 0, **kwargs):
-        """`self.fs.<method>(...)` that fails (fsspec's FSTimeoutError) when the store has not answered within
-        request_timeout plus a second a megabyte: a store that stopped answering would hold its caller for good
-        (botocore's own read timeout does not reach s3fs's requests)."""
-        if self.fs.async_impl:
-            kwargs.setdefault("timeout", self.settings.request_timeout + size / 1e6)
-        else:
-            kwargs.pop("timeout", None)
-        return getattr(self.fs, method)(*args, **kwargs)
+        """`self.fs.<method>(...)` within request_timeout (see `call`)."""
+        return call(self.fs, self.settings.request_timeout, method, *args, size=size, **kwargs)
 
     def fetch_run(self) -> None:
         """Read the run's files from the store, but for its checkpoints (those a command needs: `fetch`)."""
