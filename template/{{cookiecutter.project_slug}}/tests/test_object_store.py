@@ -46,8 +46,9 @@ def point_clients_at(endpoint: str, monkeypatch) -> None:
     monkeypatch.delenv("AWS_PROFILE", raising=False)
 
 
-def store() -> "s3fs.S3FileSystem":
-    return s3fs.S3FileSystem(skip_instance_cache=True, use_listings_cache=False)
+def store(endpoint: str | None = None) -> "s3fs.S3FileSystem":
+    """A client of the store; at `endpoint` (the server itself, not a proxy) or where the environment points."""
+    return s3fs.S3FileSystem(skip_instance_cache=True, use_listings_cache=False, endpoint_url=endpoint)
 
 
 @pytest.fixture
@@ -64,7 +65,7 @@ def saved_step(fs, path: str) -> int:
         return torch.load(file, weights_only=True)["global_step"]
 
 
-def wait_for(condition, process, timeout: float = 120, what: str = "") -> None:
+def wait_for(condition, process, timeout: float = 300, what: str = "") -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         assert process.poll() is None, f"the run ended before {what}: {process.communicate()[1][-3000:]}"
@@ -298,20 +299,27 @@ def proxy(s3_server, monkeypatch):
 
 @pytest.mark.slow
 def test_a_kill_during_a_slowed_upload_leaves_the_previous_checkpoint_which_resumes_exactly(
-    bucket, proxy, monkeypatch, tmp_path, tmp_path_factory
+    s3_server, bucket, proxy, monkeypatch, tmp_path, tmp_path_factory
 ):
+    """The machine is lost while last.ckpt goes up: its connections are cut with it (a SIGKILLed process alone would
+    leave the kernel to send what it had buffered), and the store keeps the checkpoint before, whole."""
     reference = reference_run(tmp_path_factory, [])
-    url, fs = f"s3://{bucket}/slowed", store()
-    point_clients_at(proxy.endpoint, monkeypatch)  # (the bucket was made directly)
+    url, fs, last = f"s3://{bucket}/slowed", store(s3_server.endpoint), f"{bucket}/slowed/checkpoints/last.ckpt"
+    point_clients_at(proxy.endpoint, monkeypatch)  # (the bucket was made directly, and the test reads it directly)
     killed = started(WarmProcess(["fit", f"--trainer.default_root_dir={url}", *BASE, *slowed(tmp_path, 0.05)]))
-    wait_for(lambda: fs.exists(f"{bucket}/slowed/checkpoints/last.ckpt"), killed, what="a last.ckpt in the store")
+    wait_for(lambda: fs.exists(last), killed, what="a last.ckpt in the store")
     proxy.rate = 20_000  # bytes a second: a checkpoint now takes seconds to go up
+    begun = len(proxy.requests)
+    wait_for(lambda: any(r.endswith(f"/{last}") for r in proxy.requests[begun:]), killed, what="an upload of last.ckpt")
     sent = proxy.sent
-    wait_for(lambda: proxy.sent > sent + 20_000, killed, what="an upload in flight")
+    wait_for(lambda: proxy.sent > sent + 20_000, killed, what="20 kB of it sent")
+    proxy.stalled = True  # nothing more arrives while the test reads the store's checkpoint
+    step = saved_step(fs, last)
+    proxy.stop()
     kill(killed)
-    proxy.rate = None
-    step = saved_step(fs, f"{bucket}/slowed/checkpoints/last.ckpt")  # whole: the upload in flight never completed
-    assert step == 5, f"the store holds step {step}"
+    proxy.stalled, proxy.rate = False, None
+    proxy.start()
+    assert saved_step(fs, last) == step >= 5, f"the store holds step {saved_step(fs, last)}, not {step}"
     cli("fit", f"--trainer.default_root_dir={url}", "--ckpt_path=last", "--run_lock=takeover", *BASE)
     got = tmp_path / "from_the_store"
     fs.get(f"{bucket}/slowed", str(got), recursive=True)
@@ -331,7 +339,7 @@ def test_a_store_down_past_the_limit_stops_the_run_in_one_line_with_its_last_che
     out, err = run.communicate(timeout=120)
     proxy.start()
     assert run.returncode == 1, err[-3000:]
-    assert time.monotonic() - stopped_at < 30
+    assert time.monotonic() - stopped_at < 60  # the 2-s limit, its retries and the exit, on a loaded machine too
     last = err.strip().splitlines()[-1]
     assert last.startswith((f"error: cannot upload to {url} for 2 s (", f"error: cannot renew the run lock of {url}"))
     assert 0 < saved_step(fs, f"{bucket}/down/checkpoints/last.ckpt") < 57
@@ -365,7 +373,7 @@ def test_a_store_that_stops_answering_ends_the_run_in_one_line_and_a_stop_signal
             assert f"did not reach {url} within 3 s: they are kept in " in err
         else:
             assert run.returncode == 1, err[-3000:]
-            assert ended < 30, ended
+            assert ended < 60, ended
             said = (f"error: cannot upload to {url} for 2 s (FSTimeoutError",
                     f"error: cannot renew the run lock of {url} for 2 s (FSTimeoutError")  # fmt: skip
             assert last.startswith(said), last

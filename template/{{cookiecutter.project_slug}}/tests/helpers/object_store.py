@@ -4,6 +4,7 @@ slowed to a bandwidth, or stopped, to inject the faults of a network. The tests 
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import socket
@@ -58,13 +59,16 @@ class TcpProxy:
     """Forwards 127.0.0.1:`port` to `target_port`, in threads of this process. `rate` (bytes a second, None: no
     limit) slows what it forwards in both directions; `stop()` resets every connection and refuses new ones until
     `start()`; `stalled = True` holds everything back, a store that takes requests and never answers. `sent` counts
-    the bytes forwarded to the server."""
+    the bytes forwarded to the server; `requests` lists the requests begun ("PUT /bucket/key"), in order."""
+
+    REQUEST = re.compile(rb"([A-Z]+ /\S*) HTTP/1\.1\r\n")  # (a request starts a read: the client awaits each answer)
 
     def __init__(self, target_port: int) -> None:
         self.target_port, self.port = target_port, free_port()
         self.rate: float | None = None
         self.stalled = False
         self.sent = 0
+        self.requests: list[str] = []
         self._connections: list[socket.socket] = []
         self._listener: socket.socket | None = None
         self._lock = threading.Lock()
@@ -115,6 +119,8 @@ class TcpProxy:
     def _pump(self, source: socket.socket, sink: socket.socket, upstream: bool) -> None:
         try:
             while data := source.recv(4096 if self.rate is None else max(256, int(self.rate / 20))):
+                if upstream and (request := self.REQUEST.match(data)):
+                    self.requests.append(request.group(1).decode())
                 while self.stalled:
                     time.sleep(0.05)
                 if self.rate is not None:
