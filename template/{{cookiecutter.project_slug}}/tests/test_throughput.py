@@ -1,5 +1,6 @@
 """The Throughput callback's data-wait share is the loader's fetch time, not the rest of the loop's bookkeeping."""
 
+import dataclasses
 import time
 
 import lightning as L
@@ -8,7 +9,7 @@ import torch
 from stand_in import StandInClassifier
 from torch.utils.data import BatchSampler, DataLoader, Dataset, SequentialSampler
 
-from template_package.engine.report.throughput import Throughput
+from template_package.engine.report.throughput import Throughput, samples_in
 
 
 class SlowImages(Dataset):
@@ -69,3 +70,36 @@ def test_data_wait_share_is_the_fetch_time_over_the_step_interval(tmp_path, dela
         assert share == pytest.approx(expected, abs=0.05)
     assert share > 0.6 if delay else share < 0.2  # (a loaded machine slows the fetch itself too)
     assert throughput.latest["perf/samples_per_sec"] == pytest.approx(64 / interval, rel=0.01)
+
+
+@dataclasses.dataclass
+class Pair:
+    inputs: object
+    targets: object
+
+
+class Record:
+    def __init__(self, inputs) -> None:
+        self.inputs = inputs
+
+
+@pytest.mark.parametrize(
+    ("batch", "samples"),
+    [
+        (torch.zeros(5, 3), 5),
+        ((torch.zeros(6, 2), torch.zeros(6)), 6),
+        ([torch.zeros(7), torch.zeros(3)], 7),
+        ({"text": ["a", "b"], "ids": torch.zeros(4, 9)}, 4),
+        ((["a"], torch.zeros(8, 1)), 8),
+        ((torch.tensor(1.0), torch.zeros(3, 2)), 1),  # Lightning's rule: a 0-d tensor counts as one sample
+        (Pair(torch.zeros(2, 5), torch.zeros(2)), 2),
+        (Record(torch.zeros(9, 1)), 9),
+        (["no", "tensor"], 1),
+    ],
+)
+def test_samples_in_a_batch_count_its_first_tensors_first_dimension_as_lightning_does(batch, samples):
+    from lightning.pytorch.utilities.data import extract_batch_size
+
+    assert samples_in(batch) == samples
+    if isinstance(batch, torch.Tensor | tuple | list | dict) and samples != 1:
+        assert extract_batch_size(batch) == samples  # the fast path agrees with Lightning's own

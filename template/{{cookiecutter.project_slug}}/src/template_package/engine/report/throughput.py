@@ -10,6 +10,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.profilers import PassThroughProfiler
+from lightning.pytorch.utilities.data import extract_batch_size
 
 from ..internals import logs_this_step
 from ..training.steps import logged_step
@@ -94,9 +95,11 @@ class Throughput(Callback):
 def samples_in(batch) -> int:
     """The number of samples in a batch of any structure: the first dimension of its first tensor, found in tuples,
     lists, dicts and dataclasses (Lightning's own extract_batch_size, which also looks into objects' attributes here);
-    1 for a batch without a tensor."""
-    from lightning.pytorch.utilities.data import extract_batch_size
-
+    1 for a batch without a tensor. (A tensor, or a tuple or list that starts with one, is read directly: the most
+    common batches, at every step.)"""
+    first = batch[0] if isinstance(batch, tuple | list) and batch else batch
+    if isinstance(first, torch.Tensor) and first.ndim > 0:
+        return first.shape[0]
     if dataclasses.is_dataclass(batch) and not isinstance(batch, type):
         batch = {field.name: getattr(batch, field.name) for field in dataclasses.fields(batch)}
     elif not isinstance(batch, torch.Tensor | list | tuple | dict) and hasattr(batch, "__dict__"):

@@ -42,6 +42,7 @@ class BestCheckpoints(ModelCheckpoint):
             filename, kwargs["auto_insert_metric_name"] = metric_filename(monitor), False
         if not monitor:
             kwargs["save_top_k"] = 0  # (Lightning refuses a top-k without a metric to rank by)
+        self._state_key: str | None = None
         super().__init__(filename=filename, **kwargs)
         self._checked = False
         self._before_validation: set[str] = set()
@@ -49,6 +50,14 @@ class BestCheckpoints(ModelCheckpoint):
     # (local folder, URL) of a run directory in object storage, set by the CLI: its checkpoints save their files'
     # paths under the URL, which a run resumed on another machine reads back into its own local folder.
     moved: tuple[str, str] | None = None
+
+    @property
+    def state_key(self) -> str:
+        """ModelCheckpoint's key, a repr of the settings it was made with, made once: Lightning reads it at every hook
+        call, several times a step."""
+        if self._state_key is None:
+            self._state_key = super().state_key
+        return self._state_key
 
     def state_dict(self) -> dict:
         state = super().state_dict()
