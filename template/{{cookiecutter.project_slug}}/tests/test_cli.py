@@ -297,3 +297,16 @@ def test_predictions_of_a_regression_are_values_not_class_probabilities(tmp_path
     writer = PredictionsCSV(str(tmp_path / "classes.csv"))
     writer.write_on_epoch_end(trainer, None, [torch.tensor([[0.25, 0.75]])], [[[0]]])
     assert (tmp_path / "classes.csv").read_text().splitlines() == ["index,prediction,p_0,p_1", "0,1,0.250000,0.750000"]
+
+
+def test_a_command_that_starts_with_its_subcommand_builds_that_parser_only(tmp_path, capsys):
+    """Each subcommand's parser reads the signatures of every class it can build: a `fit` builds fit's alone, and
+    --help (no subcommand first) still lists them all."""
+    from template_package.engine.cli.main import TOOLS, build_cli
+    from template_package.engine.internals import subcommands_action
+
+    built = build_cli(["fit", f"--trainer.default_root_dir={tmp_path}", *QUICK], run_subcommand=False)
+    assert set(subcommands_action(built.parser).choices) == {"fit", *TOOLS}
+    with pytest.raises(SystemExit):
+        build_cli(["--help"])
+    assert "{fit,validate,test,predict,sweep," in capsys.readouterr().out

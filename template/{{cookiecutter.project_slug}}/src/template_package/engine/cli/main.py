@@ -138,8 +138,9 @@ class ProjectCLI(LightningCLI):
     (resume/run_lock.py) from the moment its options are parsed until it returns.
     """
 
-    def __init__(self, *args, run_subcommand: bool = True, **kwargs) -> None:
+    def __init__(self, *args, run_subcommand: bool = True, requested: str | None = None, **kwargs) -> None:
         self.run_subcommand = run_subcommand
+        self.requested = requested  # the subcommand the command line starts with, if it names one
         self.run_lock: RunLock | ObjectLock | None = None
         self.run_dir: Path | None = None  # fit's, once parsed (a run in object storage: its local folder)
         self.remote: RemoteRun | None = None  # a run directory in object storage
@@ -163,8 +164,15 @@ class ProjectCLI(LightningCLI):
                 self.run_lock.release()
 
     def _add_subcommands(self, parser: LightningArgumentParser, **kwargs) -> None:
-        """Lightning's subcommands, and the tools that main runs itself, so that --help lists them all."""
-        super()._add_subcommands(parser, **kwargs)
+        """Lightning's subcommands, and the tools that main runs itself, so that --help lists them all. A command
+        that starts with its subcommand gets that one's parser only: each parser reads the signatures of every class
+        it can build, the largest part of a start once the imports are done."""
+        if self.requested is not None:  # (Lightning builds a parser for each subcommand that subcommands() names)
+            self.subcommands = lambda: {self.requested: type(self).subcommands()[self.requested]}
+        try:
+            super()._add_subcommands(parser, **kwargs)
+        finally:
+            vars(self).pop("subcommands", None)
         subcommands = subcommands_action(parser)
         for name, description in TOOLS.items():
             subcommands.add_subcommand(name, LightningArgumentParser(description=description), help=description)
@@ -495,6 +503,7 @@ def build_cli(args: list[str] | None, run_subcommand: bool = True) -> ProjectCLI
     description = project_description(__package__) if shows_help else None
     top = {"prog": program(), "description": description, "exit_on_error": False, "allow_abbrev": False}
     evaluations = ("fit", "validate", "test", "predict")
+    given = command if args is None else list(args)
     return ProjectCLI(
         None,  # the model and data classes: the ones the config names (subclass mode)
         None,
@@ -507,6 +516,7 @@ def build_cli(args: list[str] | None, run_subcommand: bool = True) -> ProjectCLI
         auto_configure_optimizers=False,
         seed_everything_default=SEED,
         run_subcommand=run_subcommand,
+        requested=given[0] if given and given[0] in evaluations else None,
     )
 
 
