@@ -499,11 +499,10 @@ def build_cli(args: list[str] | None, run_subcommand: bool = True) -> ProjectCLI
     if (moved := with_moved_classes(command)) != command:
         args = moved
     # The project's description (a search of the installed distributions) only when help is shown.
-    shows_help = {"-h", "--help"} & set(sys.argv[1:] if args is None else args)
+    shows_help = {"-h", "--help"} & set(command)  # (moved class paths change neither the switches nor the subcommand)
     description = project_description(__package__) if shows_help else None
     top = {"prog": program(), "description": description, "exit_on_error": False, "allow_abbrev": False}
     evaluations = ("fit", "validate", "test", "predict")
-    given = command if args is None else list(args)
     return ProjectCLI(
         None,  # the model and data classes: the ones the config names (subclass mode)
         None,
@@ -516,7 +515,7 @@ def build_cli(args: list[str] | None, run_subcommand: bool = True) -> ProjectCLI
         auto_configure_optimizers=False,
         seed_everything_default=SEED,
         run_subcommand=run_subcommand,
-        requested=given[0] if given and given[0] in evaluations else None,
+        requested=command[0] if command and command[0] in evaluations else None,
     )
 
 
