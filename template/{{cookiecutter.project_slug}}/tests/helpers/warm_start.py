@@ -2,7 +2,8 @@
 
 A new `python -m <package> fit` spends most of a short test run importing: torch, Lightning, and through Lightning's
 own version checks torchmetrics, torchvision and scipy. `WarmStart` starts a server, `python -m helpers.warm_start`,
-that imports the engine once and runs each command in a child forked from itself: a process of its own, which a
+that imports the engine once (and what a fit imports later, and parses one `fit` command of the engine's own
+classes, which fills jsonargparse's caches) and runs each command in a child forked from itself: a process of its own, which a
 SIGKILL ends like any other and whose state dies with it, and which starts where a fresh `python -m <package>` stands
 once its imports are done (the user's classes are imported by each child, as by a fresh process). The tests' runs
 start this way (conftest.WarmProcess), and the guarantee kit's runs in the tests (`kit_runner`). The other ranks of a
@@ -21,6 +22,7 @@ import atexit
 import contextlib
 import ctypes
 import importlib.util
+import io
 import json
 import os
 import select
@@ -269,10 +271,14 @@ def serve() -> None:
 
         from template_package.engine.report import confusion, flops, progress, throughput  # noqa: F401
 
+    with contextlib.suppress(ImportError):  # Lightning's ModelCheckpoint imports s3fs where it is installed
+        import s3fs  # noqa: F401
+
     with contextlib.suppress(ImportError):  # jsonargparse's stub search path, found by starting another Python
         from jsonargparse._stubs_resolver import get_stubs_resolver  # (slow: it imports): found once
 
         get_stubs_resolver()
+    parse_a_fit_command()
 
     children: set[int] = set()
     pending = b""
@@ -297,6 +303,22 @@ def serve() -> None:
                 run_child(request)
             children.add(pid)
             answer({"pid": pid})
+
+
+def parse_a_fit_command() -> None:
+    """Parse a `fit` command once, which prints its config and exits: jsonargparse keeps what it reads of the Trainer's
+    and the callbacks' signatures and docstrings, which every child would otherwise read again. Only the engine's
+    classes, and not the default config (which names the user's): each child imports the user's classes itself."""
+    from template_package.engine.cli import main
+
+    default_config, main.DEFAULT_CONFIG = main.DEFAULT_CONFIG, None
+    command = ["fit", "--print_config", f"--model={ENGINE}.training.recipe.TrainingRecipe",
+               "--data=lightning.LightningDataModule"]  # fmt: skip
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):
+            main.build_cli(command)
+    finally:
+        main.DEFAULT_CONFIG = default_config
 
 
 def answer(message: dict) -> None:
