@@ -1,15 +1,15 @@
 """Test machinery: commands started from an interpreter that has imported the engine already, for the suite's time.
 
-A new `python -m <package> fit` spends most of a short test run importing: torch, Lightning, and through Lightning's
-own version checks torchmetrics, torchvision and scipy. `WarmStart` starts a server, `python -m helpers.warm_start`,
-that imports the engine once (and what a fit imports later, and parses one `fit` command of the engine's own
-classes, which fills jsonargparse's caches) and runs each command in a child forked from itself: a process of its own, which a
-SIGKILL ends like any other and whose state dies with it, and which starts where a fresh `python -m <package>` stands
-once its imports are done (the user's classes are imported by each child, as by a fresh process). The tests' runs
-start this way (conftest.WarmProcess), and the guarantee kit's runs in the tests (`kit_runner`). The other ranks of a
-DDP run started warm are forked from its rank 0 too (`ForkedRank`), where Lightning's launcher would start a new
-interpreter for each; tests/test_warm_start.py compares both. The product itself never forks: the kit and `sweep`
-start their runs as a user's runs start.
+A new `python -m <package> fit` spends most of a short test run importing: torch, Lightning, and through Lightning's own
+version checks torchmetrics, torchvision and scipy. `WarmStart` starts a server, `python -m helpers.warm_start`, that
+imports the engine once (and what a fit imports later, and parses one `fit` command of the engine's own classes, which
+fills jsonargparse's caches) and runs each command in a child forked from itself: a process of its own, which a SIGKILL
+ends like any other and whose state dies with it, and which starts where a fresh `python -m <package>` stands once its
+imports are done (the user's classes are imported by each child, as by a fresh process). The tests' runs start this way
+(conftest.WarmProcess), and the guarantee kit's runs in the tests (`kit_runner`). The other ranks of a DDP run started
+warm are forked from its rank 0 too (`ForkedRank`), where Lightning's launcher would start a new interpreter for each;
+tests/test_warm_start.py compares both. The product itself never forks: the kit and `sweep` start their runs as a user's
+runs start.
 
 The protocol, one JSON object a line: the request `{"args": [...], "cwd": DIR, "out": FILE, "err": FILE, "env":
 {...}}` starts `python -m <package> ARGS` in DIR, its standard output and error appended to the files (which may be
