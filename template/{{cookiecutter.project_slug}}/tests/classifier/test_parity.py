@@ -26,21 +26,22 @@ def engine_train_loader(data: ImageDataModule):
     return resumable_loader(data.train_dataloader(), torch.initial_seed(), epoch=0)
 
 
-def reference_run(precision: str, ema: dict | None = None) -> tuple[list[float], dict[str, torch.Tensor]]:
+def reference_run(precision: str, ema: dict | None = None, epochs: int = RECIPE["epochs"]):
     L.seed_everything(42)
     net = copy.deepcopy(
         ImageClassifier(num_classes=10, in_channels=1).net
     )  # the same initial weights the CLI's model gets with seed 42
     data = ImageDataModule()
     data.setup("fit")
-    losses = reference_loop.train(net, engine_train_loader(data), precision=precision, ema=ema, **RECIPE)
+    recipe = {**RECIPE, "epochs": epochs}
+    losses = reference_loop.train(net, engine_train_loader(data), precision=precision, ema=ema, **recipe)
     return losses, net.state_dict()
 
 
-def trainer_run(tmp_path, precision: str, *args: str) -> tuple[list[float], dict]:
+def trainer_run(tmp_path, precision: str, *args: str, epochs: int = RECIPE["epochs"]) -> tuple[list[float], dict]:
     cli(
         "fit", f"--trainer.default_root_dir={tmp_path}", f"--trainer.precision={precision}",
-        f"--trainer.max_epochs={RECIPE['epochs']}", f"--trainer.accumulate_grad_batches={RECIPE['accumulate']}",
+        f"--trainer.max_epochs={epochs}", f"--trainer.accumulate_grad_batches={RECIPE['accumulate']}",
         f"--trainer.gradient_clip_val={RECIPE['clip_norm']}", f"--model.lr={RECIPE['lr']}",
         f"--model.weight_decay={RECIPE['weight_decay']}", f"--model.warmup={RECIPE['warmup']}",
         "--trainer.limit_val_batches=0", "--trainer.num_sanity_val_steps=0", "--trainer.log_every_n_steps=1",
@@ -53,11 +54,12 @@ def max_difference(saved: dict[str, torch.Tensor], reference: dict[str, torch.Te
     return max((saved[f"net.{k}"].double() - v.double()).abs().max().item() for k, v in reference.items())
 
 
-@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
-def test_trainer_matches_the_hand_written_loop(tmp_path, precision):
-    ref_losses, ref_weights = reference_run(precision)
-    losses, checkpoint = trainer_run(tmp_path, precision)
-    assert len(losses) == len(ref_losses) == 3 * 4  # 19 // 4 = 4 optimizer steps per epoch
+# bf16 on a CPU without bf16 instructions is several times slower: 2 epochs (one epoch boundary) suffice for it.
+@pytest.mark.parametrize(("precision", "epochs"), [("32-true", 3), ("bf16-mixed", 2)])
+def test_trainer_matches_the_hand_written_loop(tmp_path, precision, epochs):
+    ref_losses, ref_weights = reference_run(precision, epochs=epochs)
+    losses, checkpoint = trainer_run(tmp_path, precision, epochs=epochs)
+    assert len(losses) == len(ref_losses) == epochs * 4  # 19 // 4 = 4 optimizer steps per epoch
     assert losses == pytest.approx(ref_losses, abs=1e-6)
     assert max_difference(checkpoint["state_dict"], ref_weights) <= 1e-6
 
