@@ -53,6 +53,12 @@ LONGEST_FIRST = (
 )
 
 
+def pytest_xdist_auto_num_workers(config) -> int:
+    """`-n auto`: a worker per CPU and one more. Much of the tests' time is spent waiting (for the processes they
+    start and kill, for signals, servers and SLURM), which the extra worker fills with work."""
+    return (os.cpu_count() or 1) + 1
+
+
 def pytest_collection_modifyitems(items) -> None:
     """Tests in a folder of tests/ test the example task: marked `example`. The longest files run first."""
     for item in items:
@@ -190,10 +196,11 @@ def cli_subprocess(*args: str, timeout: float = 300, task: list[str] = STAND_IN)
 
 
 def resume(run_dir: Path, *args: str, task: list[str] = STAND_IN):
-    """`fit --ckpt_path last` in this process. It starts in a new second: TensorBoard reads a run's event files in
-    the order of their names (the second, host, PID, then a per-process counter that sorts as text), and this
-    process's second file, named in the same second as its first, could sort before it."""
-    time.sleep(1 - time.time() % 1)
+    """`fit --ckpt_path last` in this process, in a later second than the run's newest TensorBoard event file:
+    TensorBoard reads a run's event files in the order of their names (the second, host, PID, then a per-process
+    counter that sorts as text), and a file named in the same second could sort before it."""
+    named = [int(path.name.split(".")[3]) for path in Path(run_dir).rglob("events.out.tfevents.*")]
+    time.sleep(max(0.0, max(named, default=0) + 1 - time.time()))
     return cli("fit", f"--trainer.default_root_dir={run_dir}", "--ckpt_path=last", *args, task=task)
 
 
