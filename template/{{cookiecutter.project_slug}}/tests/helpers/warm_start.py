@@ -271,9 +271,6 @@ def serve() -> None:
 
         from template_package.engine.report import confusion, flops, progress, throughput  # noqa: F401
 
-    with contextlib.suppress(ImportError):  # Lightning's ModelCheckpoint imports s3fs where it is installed
-        import s3fs  # noqa: F401
-
     with contextlib.suppress(ImportError):  # jsonargparse's stub search path, found by starting another Python
         from jsonargparse._stubs_resolver import get_stubs_resolver  # (slow: it imports): found once
 
