@@ -11,6 +11,7 @@ import os
 # test's training processes each took all the CPUs, so that the suite ran slower in parallel than in series.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+import atexit
 import contextlib
 import shutil
 import signal
@@ -162,6 +163,7 @@ class WarmProcess:
             _WARM.append(warm_server(subprocess_env(), Path.cwd()))
         self.args, self.returncode = list(args), None
         self._output = Path(tempfile.mkdtemp(prefix="warm-"))
+        atexit.register(shutil.rmtree, self._output, ignore_errors=True)
         out, err = self._output / "out", self._output / "err"
         self.pid = _WARM[0].start(self.args, cwd or Path.cwd(), out, err, env=subprocess_env())  # the test's env too
 
@@ -179,7 +181,8 @@ class WarmProcess:
 
     def output(self) -> tuple[str, str]:
         """What it has written so far to its standard output and error."""
-        return tuple((self._output / name).read_text() for name in ("out", "err"))
+        files = [self._output / name for name in ("out", "err")]
+        return tuple(f.read_text() if f.exists() else "(none: the child ended before opening it)" for f in files)
 
     def communicate(self, timeout: float | None = None) -> tuple[str, str]:
         self.wait(timeout)

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import PROJECT_ROOT, QUICK, cli, resume, scalars
+from conftest import PROJECT_ROOT, QUICK, cli, cli_subprocess, resume, scalars
 from helpers.runs import log_steps_against_last_ckpt
 
 
@@ -146,6 +146,18 @@ def test_every_moved_class_is_found_and_an_old_path_trains_with_the_new_class_an
     warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning: ")]
     assert warnings == [f"warning: the command line names {old}, which moved to template_package.engine.resume."
                         "trained_state.TrainedState: read as the new one; update it (CHANGELOG.md)"]  # fmt: skip
+
+
+def test_a_config_naming_a_moved_class_is_read_through_a_copy_that_is_gone_when_the_command_ends(tmp_path, monkeypatch):
+    config, temporary = tmp_path / "old.yaml", tmp_path / "tmp"
+    config.write_text("trainer:\n  callbacks+:\n    - class_path: template_package.engine.callbacks.Throughput\n")
+    temporary.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temporary))  # (the command's temporary files, where the test can count them)
+    result = cli_subprocess("fit", "-c", str(config), "--print_config")
+    assert result.returncode == 0, result.stderr
+    assert "class_path: template_package.engine.report.throughput.Throughput" in result.stdout
+    assert f"warning: {config} names template_package.engine.callbacks.Throughput" in result.stderr
+    assert list(temporary.iterdir()) == []
 
 
 def printed_config(capsys, *args: str) -> dict:

@@ -147,6 +147,7 @@ def run_child(request: dict) -> None:
         sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
         sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
         os.environ.update(request["env"])
+        tempfile.tempdir = None  # (found again from TMPDIR, as a new process finds it)
         sys.argv = [sys.argv[0], *request["args"]]
         # What `python -m <package>` would have as its main module: its name for --help, and for the command
         # Lightning starts the other processes of a DDP run with.
@@ -158,9 +159,17 @@ def run_child(request: dict) -> None:
     except BaseException:  # noqa: BLE001 - the child reports a failure as a process of its own would
         traceback.print_exc()
     finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+        exit_as_a_process_does(code)
+
+
+def exit_as_a_process_does(code: int) -> None:
+    """End a forked child with the exit handlers a process runs (a command's temporary files are removed by them),
+    then without unwinding into the server's code it was forked from."""
+    with contextlib.suppress(BaseException):
+        atexit._run_exitfuncs()  # (the handlers the imports and the command registered, as at a process's exit)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def run_main() -> int:
@@ -225,9 +234,7 @@ class ForkedRank(_Forked):
             except BaseException:  # noqa: BLE001
                 traceback.print_exc()
             finally:
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os._exit(code)
+                exit_as_a_process_does(code)
 
     @staticmethod
     def safe_to_fork() -> bool:

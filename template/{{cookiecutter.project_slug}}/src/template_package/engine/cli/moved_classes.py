@@ -6,6 +6,7 @@ names an old path is read through a copy with the new one (the file itself is le
 replaced. Depends on nothing but the standard library.
 """
 
+import atexit
 import re
 import sys
 import tempfile
@@ -63,6 +64,7 @@ def updated_config(path: str) -> str:
     copy = tempfile.NamedTemporaryFile("w", suffix=Path(path).suffix, prefix="config-", delete=False)  # noqa: SIM115
     with copy:
         copy.write(new)
+    atexit.register(Path(copy.name).unlink, missing_ok=True)  # (the parser has read it long before)
     return copy.name
 
 
