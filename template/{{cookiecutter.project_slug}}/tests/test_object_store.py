@@ -69,7 +69,7 @@ def wait_for(condition, process, timeout: float = 300, what: str = "") -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         assert process.poll() is None, f"the run ended before {what}: {process.communicate()[1][-3000:]}"
-        assert time.monotonic() < deadline, f"no {what} within {timeout} s"
+        assert time.monotonic() < deadline, f"no {what} within {timeout} s: {process.output()[1][-3000:]}"
         time.sleep(0.05)
 
 
