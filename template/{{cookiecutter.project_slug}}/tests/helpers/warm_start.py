@@ -222,6 +222,7 @@ class ForkedRank(_Forked):
                 for signum in (signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP):
                     signal.signal(signum, signal.SIG_DFL)  # rank 0's handlers are its own
                 signal.signal(signal.SIGINT, signal.default_int_handler)
+                atexit._clear()  # so are its exit handlers (its temporary folders, which this rank must not remove)
                 os.environ.clear()
                 os.environ.update(env)
                 if cwd:
