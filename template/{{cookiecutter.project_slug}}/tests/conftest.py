@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers.warm_start import WarmStart, warm_server
+from helpers.warm_start import WarmStart, dump_stacks, warm_server
 
 from template_package.engine.cli.main import main
 
@@ -173,11 +173,18 @@ class WarmProcess:
     def wait(self, timeout: float | None = None, check: bool = True) -> int | None:
         self.returncode = _WARM[0].returncode(self.pid, timeout)
         if self.returncode is None and check:
-            raise subprocess.TimeoutExpired(self.args, timeout)
+            stacks = self.stacks()
+            raise subprocess.TimeoutExpired(self.args, timeout, stderr=stacks) from AssertionError(
+                f"still running after {timeout} s, its threads' stacks at the end of its standard error:\n{stacks}"
+            )
         return self.returncode
 
     def send_signal(self, signum: int) -> None:
         os.kill(self.pid, signum)
+
+    def stacks(self) -> str:
+        """Its standard error's tail, ending with every thread's stack of it and its process group, printed now."""
+        return dump_stacks(self.pid, self._output / "err")
 
     def output(self) -> tuple[str, str]:
         """What it has written so far to its standard output and error."""

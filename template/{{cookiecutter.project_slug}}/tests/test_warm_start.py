@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -65,3 +66,27 @@ def test_classes_in_the_working_directory_reach_every_rank_started_fresh_or_warm
         assert torch.equal(tensor, weights[1]["state_dict"][name]), name
     for said in ("ReportRank built", "GPU available:", "Trainer.fit` stopped", "continue it with --ckpt_path last"):
         assert (fresh.stdout + fresh.stderr).count(said) == (warm_out + warm_err).count(said) == 1, said
+
+
+def test_a_run_that_outlives_its_wait_shows_where_each_of_its_processes_waits(tmp_path: Path):
+    """A test's wait that times out shows the stacks of the run and of its loader workers, so that a run that hangs
+    once in a full suite says where."""
+    slow = tmp_path / "slow.yaml"
+    slow.write_text("trainer:\n  callbacks+:\n  - class_path: kill_points.SlowDown\n    init_args: {seconds: 60}\n")
+    args = ["fit", f"--trainer.default_root_dir={tmp_path / 'run'}", "-c", str(slow), "--data.num_workers=1", *QUICK]
+    run = started(WarmProcess(args))
+    with pytest.raises(subprocess.TimeoutExpired) as waited:
+        run.wait(timeout=25)
+    assert "in on_train_batch_end" in waited.value.stderr  # the run's main thread, asleep in the callback
+    assert waited.value.stderr.count("Current thread") >= 2  # and its loader worker
+
+
+def test_a_run_that_ended_is_seen_ended_by_poll():
+    """poll(), as a test's wait loop calls it, reads the server's answers: a run that failed at its start is seen
+    ended, not alive until the loop's deadline."""
+    run = started(WarmProcess(["fit", "--no_such_option=1"]))
+    deadline = time.monotonic() + 120
+    while run.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert run.returncode == 1, run.output()[1][-2000:]
+    assert "unknown option --no_such_option" in run.output()[1]

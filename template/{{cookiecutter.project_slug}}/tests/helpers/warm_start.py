@@ -21,6 +21,7 @@ reaches it, its loader workers and the other ranks of a DDP run.
 import atexit
 import contextlib
 import ctypes
+import faulthandler
 import importlib.util
 import io
 import json
@@ -38,6 +39,8 @@ import types
 from pathlib import Path
 
 ENGINE = "template_package.engine"  # (the project's package, named at baking)
+STACKS_SIGNAL = signal.SIGUSR2  # a child prints every thread's stack to its standard error on it (a test that waits
+# too long shows where the run waits, see dump_stacks); the engine handles SIGTERM, SIGINT, SIGUSR1 and SIGHUP only
 
 
 class WarmStart:
@@ -72,13 +75,13 @@ class WarmStart:
         """The child's exit status once it has ended (waiting up to `timeout` seconds, forever with None)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while pid not in self.returncodes:
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                return None
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
             with self._talking:  # (briefly: another thread may be waiting for its own child)
                 if pid not in self.returncodes:
-                    self._next_answer(0.2 if left is None else min(left, 0.2))
-        return self.returncodes[pid]
+                    self._next_answer(0.2 if left is None else min(left, 0.2))  # (timeout 0: what has come)
+            if left == 0:
+                break
+        return self.returncodes.get(pid)
 
     def serving(self) -> bool:
         return self._server.poll() is None
@@ -146,6 +149,7 @@ def run_child(request: dict) -> None:
         sys.stdin = open(0, closefd=False)  # noqa: SIM115 - the new process's standard streams
         sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
         sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+        faulthandler.register(STACKS_SIGNAL, all_threads=True)  # (its loader workers and DDP ranks inherit it)
         os.environ.update(request["env"])
         tempfile.tempdir = None  # (found again from TMPDIR, as a new process finds it)
         sys.argv = [sys.argv[0], *request["args"]]
@@ -252,6 +256,28 @@ class ForkedRank(_Forked):
 
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
+
+
+def dump_stacks(pid: int, err: Path) -> str:
+    """Have child `pid` and the rest of its process group (loader workers, DDP ranks), one after the other, print their
+    threads' stacks to its standard error `err`; what that file held last, and the stacks."""
+    before = err.stat().st_size if err.exists() else 0
+    for member in [pid, *sorted(set(group_members(pid)) - {pid})]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(member, STACKS_SIGNAL)
+            time.sleep(1)  # (one at a time: they write to the same file)
+    return err.read_bytes()[max(0, before - 4000) :].decode(errors="replace") if err.exists() else "(no standard error)"
+
+
+def group_members(group: int) -> list[int]:
+    """The processes of process group `group` (Linux's /proc; none elsewhere)."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = stat.read_text().rpartition(")")[2].split()  # (after the command's name, which may hold spaces)
+            if int(fields[2]) == group:  # state, ppid, pgrp
+                members.append(int(stat.parent.name))
+    return members
 
 
 def dies_with_parent(parent: int | None = None):
