@@ -58,7 +58,7 @@ def wait_until_frozen(process: WarmProcess, marker: Path) -> None:
     deadline = time.monotonic() + 300
     while not marker.exists():
         assert process.poll() is None, f"run ended before the kill point: {process.communicate()[1][-3000:]}"
-        assert time.monotonic() < deadline
+        assert time.monotonic() < deadline, f"no kill point in 300 s; stderr and stacks: {process.stacks()}"
         time.sleep(0.05)
 
 
