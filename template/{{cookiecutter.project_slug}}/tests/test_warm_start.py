@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import PROJECT_ROOT, QUICK, TESTS, WarmProcess, started
+from conftest import PROJECT_ROOT, QUICK, TESTS, WarmProcess, extra_config, started
 
 pytestmark = pytest.mark.slow
 
@@ -71,9 +71,10 @@ def test_classes_in_the_working_directory_reach_every_rank_started_fresh_or_warm
 def test_a_run_that_outlives_its_wait_shows_where_each_of_its_processes_waits(tmp_path: Path):
     """A test's wait that times out shows the stacks of the run and of its loader workers, so that a run that hangs
     once in a full suite says where."""
-    slow = tmp_path / "slow.yaml"
-    slow.write_text("trainer:\n  callbacks+:\n  - class_path: kill_points.SlowDown\n    init_args: {seconds: 60}\n")
-    args = ["fit", f"--trainer.default_root_dir={tmp_path / 'run'}", "-c", str(slow), "--data.num_workers=1", *QUICK]
+    slow = extra_config(
+        tmp_path / "slow.yaml", callbacks=[{"class_path": "kill_points.SlowDown", "init_args": {"seconds": 60}}]
+    )
+    args = ["fit", f"--trainer.default_root_dir={tmp_path / 'run'}", "-c", slow, "--data.num_workers=1", *QUICK]
     run = started(WarmProcess(args))
     with pytest.raises(subprocess.TimeoutExpired) as waited:
         run.wait(timeout=25)
