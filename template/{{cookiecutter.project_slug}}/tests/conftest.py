@@ -165,7 +165,7 @@ class WarmProcess:
         self._output = Path(tempfile.mkdtemp(prefix="warm-"))
         atexit.register(shutil.rmtree, self._output, ignore_errors=True)
         out, err = self._output / "out", self._output / "err"
-        self.pid = _WARM[0].start(self.args, cwd or Path.cwd(), out, err, env=subprocess_env())  # the test's env too
+        self.pid = _WARM[0].start(self.args, cwd or Path.cwd(), out, err, env=subprocess_env())  # the test's whole env
 
     def poll(self) -> int | None:
         return self.wait(timeout=0, check=False)

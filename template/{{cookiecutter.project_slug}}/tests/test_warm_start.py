@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import PROJECT_ROOT, QUICK, TESTS, WarmProcess, extra_config, started
+from conftest import PROJECT_ROOT, QUICK, TESTS, WarmProcess, extra_config, started, subprocess_env
+from helpers.warm_start import WarmStart
 
 pytestmark = pytest.mark.slow
 
@@ -91,3 +92,20 @@ def test_a_run_that_ended_is_seen_ended_by_poll():
         time.sleep(0.05)
     assert run.returncode == 1, run.output()[1][-2000:]
     assert "unknown option --no_such_option" in run.output()[1]
+
+
+def test_a_run_has_the_environment_it_is_started_with_not_the_servers(tmp_path: Path):
+    """A run started warm has the environment its request gives, as a subprocess has the `env` it is given, not the
+    one the server was started with: a test process's server starts with the environment of the first test that asks
+    for one, and a TMPDIR that test had set made the loader workers' socket paths of later tests' runs too long for
+    AF_UNIX (107 characters: they hung)."""
+    probe = "import os, pathlib\npathlib.Path('seen').write_text(os.environ.get('TMPDIR', 'unset'))\n"
+    (tmp_path / "probe.py").write_text(probe + "from stand_in import StandInClassifier as Model\n")
+    env = subprocess_env()
+    server = WarmStart(env={**env, "TMPDIR": str(tmp_path)}, cwd=tmp_path)
+    try:
+        pid = server.start(["fit", "--model=probe.Model", "--print_config"], tmp_path, tmp_path / "out", env=env)
+        assert server.returncode(pid, timeout=120) == 0, (tmp_path / "out").read_text()[-2000:]
+    finally:
+        server.close()
+    assert (tmp_path / "seen").read_text() == env.get("TMPDIR", "unset")

@@ -13,9 +13,9 @@ runs start.
 
 The protocol, one JSON object a line: the request `{"args": [...], "cwd": DIR, "out": FILE, "err": FILE, "env":
 {...}}` starts `python -m <package> ARGS` in DIR, its standard output and error appended to the files (which may be
-one), `env` added to its environment; the answers are `{"pid": N}` at once and `{"pid": N, "returncode": R}` when the
-child ends (a negative R: the signal that ended it). The child leads a session of its own, so `os.killpg(pid, ...)`
-reaches it, its loader workers and the other ranks of a DDP run.
+one), with `env` as its whole environment (null: the server's); the answers are `{"pid": N}` at once and `{"pid": N,
+"returncode": R}` when the child ends (a negative R: the signal that ended it). The child leads a session of its own,
+so `os.killpg(pid, ...)` reaches it, its loader workers and the other ranks of a DDP run.
 """
 
 import atexit
@@ -61,7 +61,7 @@ class WarmStart:
     def start(self, args: list[str], cwd: Path, out: Path, err: Path | None = None, env: dict | None = None) -> int:
         """Start `python -m <package> ARGS` in `cwd`, its output appended to `out` (and its errors to `err`, or to
         `out` too); its pid."""
-        request = {"args": list(args), "cwd": str(cwd), "out": str(out), "err": str(err or out), "env": env or {},
+        request = {"args": list(args), "cwd": str(cwd), "out": str(out), "err": str(err or out), "env": env,
                    "dies_with_server": self.dies_with_us}  # fmt: skip
         with self._talking:
             self._server.stdin.write((json.dumps(request) + "\n").encode())
@@ -150,7 +150,9 @@ def run_child(request: dict) -> None:
         sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
         sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
         faulthandler.register(STACKS_SIGNAL, all_threads=True)  # (its loader workers and DDP ranks inherit it)
-        os.environ.update(request["env"])
+        if request["env"] is not None:  # its whole environment, as subprocess.Popen(env=...) gives: nothing of the
+            os.environ.clear()  # server's stays (a TMPDIR of the test that started the server, say)
+            os.environ.update(request["env"])
         tempfile.tempdir = None  # (found again from TMPDIR, as a new process finds it)
         sys.argv = [sys.argv[0], *request["args"]]
         # What `python -m <package>` would have as its main module: its name for --help, and for the command
