@@ -5,6 +5,7 @@ rank, for the first save of a step >= `step`, fails or stalls after writing half
 import errno
 import os
 import signal
+import time
 from pathlib import Path
 
 from torch.distributed.checkpoint import FileSystemWriter
@@ -15,11 +16,20 @@ from template_package.engine.training.sharding import ShardedStrategy
 class FaultyShardedStrategy(ShardedStrategy):
     """`fault`: "EIO" (an OSError, as a failing disk gives) or "stall" (writes `marker` holding its PID, then stops
     itself with SIGSTOP, the way a process hangs on a dead network filesystem; a test kills it there or lets the
-    others time out). Once per marker: a restarted run goes on."""
+    others time out). Once per marker: a restarted run goes on. `exit_delay`: seconds a failed process takes after
+    the strategy's `on_exception`, as a teardown that flushes to a slow disk takes them."""
 
-    def __init__(self, marker: str, fault: str = "stall", rank: int = 1, step: int = 0, save_timeout: float = 60.0):
+    def __init__(
+        self, marker: str, fault: str = "stall", rank: int = 1, step: int = 0, save_timeout: float = 60.0,
+        exit_delay: float = 0.0,
+    ):  # fmt: skip
         super().__init__(save_timeout=save_timeout)
         self.marker, self.fault, self.faulty_rank, self.step = Path(marker), fault, rank, step
+        self.exit_delay = exit_delay
+
+    def on_exception(self, exception: BaseException) -> None:
+        super().on_exception(exception)
+        time.sleep(self.exit_delay)
 
     def storage_writer(self, folder: Path) -> FileSystemWriter:
         faulty = (

@@ -280,6 +280,12 @@ PINNED = [
         parameters=("self",),
         why="as above, for torchdata's StatefulDataLoader",
     ),
+    Pinned(
+        "lightning.fabric.strategies.launchers.subprocess_script",
+        "_ChildProcessObserver",
+        attribute="_child_processes",
+        why="the launcher's watcher reads `launcher.procs` (the same list): no public way to stop it",
+    ),
 ]
 
 
@@ -412,3 +418,12 @@ def end_persistent_workers(loader) -> None:
     if hasattr(iterator, "_shutdown_workers"):
         iterator._shutdown_workers()
     loader._iterator = None
+
+
+def stop_watching_ranks(launcher) -> None:
+    """Reap the processes Lightning's launcher started, which this one has killed, and empty the list its watcher
+    thread reads: the watcher SIGKILLs this process when one of them ends non-zero, which would cut off its own error
+    line and exit status. The launcher has no public way to stop its watcher."""
+    for process in launcher.procs:
+        process.wait()
+    launcher.procs.clear()

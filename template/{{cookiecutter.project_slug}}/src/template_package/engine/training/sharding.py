@@ -36,6 +36,7 @@ from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from ..errors import UsageError
+from ..internals import stop_watching_ranks
 from ..resume import sharded_folders
 from ..resume.durable import keeping_write_errors
 
@@ -198,11 +199,13 @@ class ShardedStrategy(ModelParallelStrategy):
 
     def on_exception(self, exception: BaseException) -> None:
         """A run that fails takes the processes it started down with it (Lightning does so only for Ctrl-C): one
-        stuck in a save (a hung filesystem) would otherwise outlive it, stopped, holding the run's output open."""
+        stuck in a save (a hung filesystem) would otherwise outlive it, stopped, holding the run's output open. Then
+        it exits with its own line and status, not SIGKILLed by the launcher's watcher for the ranks it killed."""
         # (ModelParallelStrategy's one launcher starts this script again for the other processes; there is none when
         # torchrun or a cluster started them)
         if isinstance(exception, Exception) and self.launcher is not None:
             self.launcher.kill(signal.SIGKILL)
+            stop_watching_ranks(self.launcher)
 
     def teardown(self) -> None:
         if self._set_configure_model:  # the module is the user's: it leaves as it came
