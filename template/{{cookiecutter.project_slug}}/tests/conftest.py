@@ -38,26 +38,34 @@ STAND_IN = ["--model=stand_in.StandInClassifier", "--data=stand_in.StandInData",
 TRAINER_SUBCOMMANDS = ("fit", "validate", "test", "predict")
 
 
-# The longest files, first: each file runs on one worker (--dist loadfile, so that a file's reference runs are made
-# once), and one of these started last kept a single worker busy for 1-2 min while the other had nothing left.
+# The longest files, first, by their measured time (`pytest --durations=0`): each file runs on one worker (--dist
+# loadfile, so that a file's reference runs are made once), and a long one started last keeps a single worker busy
+# while the others have nothing left.
 LONGEST_FIRST = (
-    "test_sweep_postgres.py",
-    "test_object_store.py",
-    "test_scale_out.py",
-    "test_sharded.py",
     "test_guarantee_kit.py",
+    "test_copy_modules.py",
     "test_streaming.py",
     "test_sweep.py",
-    "test_elastic.py",
-    "test_resume.py",
+    "test_scale_out.py",
+    "test_warm_start.py",
+    "test_object_store.py",
+    "test_sweep_folds.py",
+    "test_sweep_postgres.py",
+    "test_sampled_resume.py",
     "test_slurm.py",
+    "test_sharded.py",
+    "test_parity.py",
+    "test_resume.py",
+    "test_tracking.py",
+    "test_guarantees.py",
+    "test_patterns.py",
 )
 
 
 def pytest_xdist_auto_num_workers(config) -> int:
-    """`-n auto`: a worker per CPU and one more. Much of the tests' time is spent waiting (for the processes they
-    start and kill, for signals, servers and SLURM), which the extra worker fills with work."""
-    return (os.cpu_count() or 1) + 1
+    """`-n auto`: a worker per CPU and two more. Much of the tests' time is spent waiting (for the processes they
+    start and kill, for signals, servers and SLURM), which the extra workers fill with work."""
+    return (os.cpu_count() or 1) + 2
 
 
 def pytest_collection_modifyitems(items) -> None:
