@@ -77,8 +77,11 @@ def test_kill_inside_an_accumulation_window(tmp_path, tmp_path_factory):
         ["--data.num_workers=2", "--data.augment=true"],  # noise drawn per sample in two loader workers
         ["--trainer.precision=bf16-mixed"],
         ["-c", str(PROJECT_ROOT / "configs" / "ema.yaml")],
+        # a logging window (steps 5-8) cut by the checkpoint of step 5, half of its steps clipped at 2.5
+        ["--trainer.log_every_n_steps=4", "--trainer.gradient_clip_val=2.5"],
     ],
-    ids=["workers2", "bf16", "ema"],  # (fused AdamW: with the example's fast-path switches, tests/classifier/)
+    ids=["workers2", "bf16", "ema", "log_window"],  # (fused AdamW: with the example's fast-path switches, tests/
+    # classifier/)
 )
 def test_variants_resume_bit_identical_mid_epoch(tmp_path, tmp_path_factory, variant):
     assert_kill_and_resume_exact(tmp_path, tmp_path_factory, variant, hook="on_train_batch_end", step=8)

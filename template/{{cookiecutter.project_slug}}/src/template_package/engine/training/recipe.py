@@ -147,6 +147,9 @@ def scheduled_accumulation_steps(trainer: L.Trainer) -> float:
     return steps if trainer.max_steps == -1 else min(steps, trainer.max_steps)
 
 
+LOG_WINDOW = "recipe_log_window"  # the checkpoint's key for the counts since the last logged step
+
+
 class TrainingRecipe(L.LightningModule):
     """A LightningModule with the project's training recipe (see the module docstring). A subclass takes the recipe's
     settings as keyword arguments and passes them on, so that they are options of its own (`--model.lr 0.01`):
@@ -207,6 +210,15 @@ class TrainingRecipe(L.LightningModule):
 
     def on_train_start(self) -> None:
         set_schedule_lengths(self.trainer)  # (done already under the engine's Trainer; here for a plain Trainer)
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        """The logging window's counts for train/clip_share: a checkpoint inside a window (between two logged steps)
+        resumes a run whose next logged share covers the whole window, as the uninterrupted run's does."""
+        checkpoint[LOG_WINDOW] = {"clipped_steps": int(self._clipped_steps), "steps": self._steps_since_log}
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        window = checkpoint.get(LOG_WINDOW, {"clipped_steps": 0, "steps": 0})  # (none in a checkpoint made before)
+        self._clipped_steps, self._steps_since_log = window["clipped_steps"], window["steps"]
 
     def on_train_batch_start(self, batch, batch_idx: int) -> None:
         self._step_at_batch_start = self.trainer.global_step
