@@ -3,7 +3,7 @@ LightningModule's."""
 
 import pytest
 import torch
-from conftest import QUICK, cli
+from conftest import QUICK, cli, extra_config
 
 from template_package.engine.cli.export import load_for_inference, run_exported
 
@@ -36,3 +36,15 @@ def test_unknown_suffix_is_refused(checkpoint, tmp_path, capsys):
         cli("export", f"--ckpt_path={checkpoint}", f"--output={tmp_path / 'model.bin'}")
     assert stop.value.code == 2
     assert "has no known suffix: use .onnx, .pt2, .pt or .ckpt" in capsys.readouterr().err
+
+
+def test_a_run_exported_with_the_config_it_was_trained_with_builds_no_callback_twice(tmp_path, capsys):
+    """The run's config.yaml holds the callbacks its `-c` added, and export reads it first: the same `-c` given to
+    export added them again, and Lightning refused two stateful callbacks of one kind with a traceback."""
+    stateful = {"class_path": "lightning.pytorch.callbacks.EarlyStopping", "init_args": {"monitor": "val/acc"}}
+    extra = extra_config(tmp_path / "extra.yaml", callbacks=[stateful])
+    run_dir = tmp_path / "run"
+    cli("fit", "-c", extra, f"--trainer.default_root_dir={run_dir}", *QUICK)
+    output = tmp_path / "model.pt"
+    cli("export", "-c", extra, f"--ckpt_path={run_dir / 'checkpoints' / 'last.ckpt'}", f"--output={output}")
+    assert f"exported {output} (torchscript)" in capsys.readouterr().out

@@ -39,6 +39,7 @@ def load_for_inference(ckpt_path: str, options: list[str] = ()) -> tuple[L.Light
     run_config = Path(ckpt_path).resolve().parent.parent / "config.yaml"
     config = ["-c", str(run_config)] if run_config.is_file() else []
     quiet = ["--trainer.logger=false", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
+    quiet += ["--trainer.callbacks=[]"]  # (the model alone: the run's config and a `-c` may both name its callbacks)
     cli = build_cli(["predict", *config, *options, f"--ckpt_path={ckpt_path}", *quiet], run_subcommand=False)
     model = cli.model
     weights = read_whole(ckpt_path)["state_dict"] if is_sharded(ckpt_path) else cli.checkpoint["state_dict"]
