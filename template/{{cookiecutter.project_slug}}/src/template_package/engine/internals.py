@@ -8,6 +8,9 @@ An upgrade of a library that renames or changes one of them fails tests/test_own
 lightning and torch.
 """
 
+import contextlib
+import subprocess
+import time
 from dataclasses import dataclass
 
 import lightning as L
@@ -420,10 +423,13 @@ def end_persistent_workers(loader) -> None:
     loader._iterator = None
 
 
-def stop_watching_ranks(launcher) -> None:
+def stop_watching_ranks(launcher, timeout: float = 5.0) -> None:
     """Reap the processes Lightning's launcher started, which this one has killed, and empty the list its watcher
     thread reads: the watcher SIGKILLs this process when one of them ends non-zero, which would cut off its own error
-    line and exit status. The launcher has no public way to stop its watcher."""
+    line and exit status. The launcher has no public way to stop its watcher. (A process blocked in a hung filesystem
+    ends only when its call returns: it is not waited for past `timeout`.)"""
+    deadline = time.monotonic() + timeout
     for process in launcher.procs:
-        process.wait()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=max(0.0, deadline - time.monotonic()))
     launcher.procs.clear()
