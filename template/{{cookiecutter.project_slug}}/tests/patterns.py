@@ -9,6 +9,8 @@ engine's recipe: the engine's guarantees must hold for each of them.
 - `AveragingClassifier`: state changed in `on_train_batch_end` (an average of the weights); `SwapsForValidation`
   validates with that average, swapped in by its own hooks.
 - `SlowValidation`: a callback that makes each validation batch take a while, for signals that arrive there.
+- `WindowMeanLoss`: the stand-in classifier that logs the mean loss since its last logged step, from sums it keeps
+  in memory only (a checkpoint between two logged steps loses them).
 """
 
 import time
@@ -136,3 +138,19 @@ class SwapsForValidation(AveragingClassifier):
         self.average.copy_(current)
 
     on_validation_epoch_start = on_validation_epoch_end = _swap
+
+
+class WindowMeanLoss(StandInClassifier):
+    """Logs `train/window_loss`, the mean training loss over the steps since the last logged one."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.loss_sum, self.losses = 0.0, 0
+
+    def training_step(self, batch, batch_idx: int) -> Tensor:
+        loss = super().training_step(batch, batch_idx)
+        self.loss_sum, self.losses = self.loss_sum + loss.item(), self.losses + 1
+        if (self.global_step + 1) % self.trainer.log_every_n_steps == 0:
+            self.log("train/window_loss", self.loss_sum / self.losses)
+            self.loss_sum, self.losses = 0.0, 0
+        return loss

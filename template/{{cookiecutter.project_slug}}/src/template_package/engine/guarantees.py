@@ -5,8 +5,9 @@ classes configs/default.yaml names (tests/test_guarantees.py), and `python -m <p
 Each check trains short real runs in child processes (`python -m <package> fit`, as your runs start; two at once
 where they do not depend on each other), in the working directory the kit was made in (your relative paths mean what
 they mean in your runs), with these settings overridden: the CPU, one process, 32-true precision, 2 epochs of at
-most 6 batches, 2 validation batches, every metric written to metrics.csv. Everything else is your config's. A
-DataModule that reads a stream makes its data small itself, with the init arguments of its class attribute
+most 6 batches, 2 validation batches, every metric written to metrics.csv every 2 steps (a window that a checkpoint
+cuts, so that state a module keeps between two logged steps is resumed or shown). Everything else is your config's.
+A DataModule that reads a stream makes its data small itself, with the init arguments of its class attribute
 `kit_options` (e.g. `kit_options = {"shard_sizes": [24, 24, 24, 24]}`): the kit's runs then read it as a real run
 does, where a limit of 6 batches would give the loader a length and switch off Lightning's read-ahead; they get
 `max_steps=1000` too, the length a warmup-cosine schedule needs from a stream (the runs still end after 2 epochs).
@@ -54,7 +55,7 @@ ENGINE = __package__  # the class paths of the kit's own callbacks and logger
 SETTINGS = [
     "--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.num_nodes=1", "--trainer.strategy=auto",
     "--trainer.precision=32-true", "--trainer.max_epochs=2", "--trainer.max_steps=-1",
-    "--trainer.limit_val_batches=2", "--trainer.log_every_n_steps=1",
+    "--trainer.limit_val_batches=2", "--trainer.log_every_n_steps=2",
     "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
 ]  # fmt: skip
 SHORT_EPOCHS = "--trainer.limit_train_batches=6"  # for data without `kit_options`
