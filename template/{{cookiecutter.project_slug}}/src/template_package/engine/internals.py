@@ -289,6 +289,12 @@ PINNED = [
         attribute="_child_processes",
         why="the launcher's watcher reads `launcher.procs` (the same list): no public way to stop it",
     ),
+    Pinned(
+        "lightning.pytorch.strategies.launchers.subprocess_script",
+        "_SubprocessScriptLauncher",
+        attribute="procs",
+        why="the processes the launcher started, which its watcher reads: as above",
+    ),
 ]
 
 
