@@ -2,12 +2,13 @@
 
 Object stores have no flock; their compare-and-swap is the conditional write. The lock is a non-empty object created
 with `If-None-Match: *` (a second create fails while it exists), naming its holder; the holder renews it every
-`renew_every` seconds with `If-Match` on its ETag. A lock whose object has not changed for `expire_after` seconds, by
-the store's own clock (its `Date` header against the object's `Last-Modified`, so the machines' clocks do not
+`renew_every` seconds with `If-Match` on its ETag. A lock whose object has not changed for `expire_after` seconds,
+by the store's own clock (its `Date` header against the object's `Last-Modified`, so the machines' clocks do not
 matter), belongs to a machine that is gone: it is taken over with `If-Match` on that stale ETag, so that of two
-machines taking it over at once one wins. A holder that cannot renew for `give_up_after` seconds, or finds its lock
-taken over, stops training. A store that does not honour the condition (a second conditional create succeeds) is
-refused, unless the run is told to go without the lock.
+machines taking it over at once one wins; a lock whose holder ran on this machine (the same host, kernel boot and
+PID namespace) in a process that is gone is taken over at once. A holder that cannot renew for `give_up_after`
+seconds, or finds its lock taken over, stops training. A store that does not honour the condition (a second
+conditional create succeeds) is refused, unless the run is told to go without the lock.
 S3's conditional writes, through s3fs (which passes them to the store): other schemes train with `--run_lock off`.
 """
 
@@ -19,11 +20,37 @@ import sys
 import threading
 import time
 from email.utils import parsedate_to_datetime
+from pathlib import Path
 
 from .remote_run import RemoteRun, StoreError, store_reason
 from .run_lock import RunDirectoryBusy
 
 LOCK = ".lock"
+
+
+def this_machine() -> str:
+    """The host, the kernel's boot and the PID namespace: within the three, a PID names one process (Linux; else
+    empty, and a lock is taken over only when it expires)."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        return f"{socket.gethostname()} boot {boot} {os.readlink('/proc/self/ns/pid')}"
+    except OSError:
+        return ""
+
+
+def ended_here(holder: str) -> bool:
+    """Whether the lock's holder ran on this machine in a process that no longer exists."""
+    ran, _, machine = holder.partition(" on ")
+    pid = ran.split(" pid ")[-1].split()[0] if " pid " in ran else ""
+    if not machine.strip() or machine.strip() != this_machine() or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # (another user's process: alive)
+        return False
+    return False
 
 
 def precondition_failed(error: BaseException) -> bool:
@@ -47,7 +74,7 @@ class ObjectLock:
         self.run, self.settings = run, run.settings
         self.bucket, _, key = run.root.partition("/")
         self.key = f"{key}/{LOCK}".lstrip("/")
-        self.holder = f"host {socket.gethostname()} pid {os.getpid()} token {secrets.token_hex(8)}"
+        self.holder = f"host {socket.gethostname()} pid {os.getpid()} token {secrets.token_hex(8)} on {this_machine()}"
         self.etag: str | None = None
         self.error: StoreError | None = None
         self._renewed_at = 0.0
@@ -82,7 +109,8 @@ class ObjectLock:
         head = self.run.call("call_s3", "head_object", Bucket=self.bucket, Key=self.key)
         age = parsedate_to_datetime(head["ResponseMetadata"]["HTTPHeaders"]["date"]) - head["LastModified"]
         age, holder = age.total_seconds(), self._holder()
-        if not at_once and age < self.settings.expire_after:
+        gone = ended_here(self._read())
+        if not at_once and not gone and age < self.settings.expire_after:
             raise RunDirectoryBusy(
                 self.run.shown, f"{holder}, which renewed its lock {age:.0f} s ago; a lock not renewed for "
                 f"{self.settings.expire_after:g} s is taken over (or at once with --run_lock takeover, if that "
@@ -94,8 +122,8 @@ class ObjectLock:
             if precondition_failed(error):  # another machine took it, or the holder renewed it, just now
                 raise RunDirectoryBusy(self.run.shown, f"{self._holder()}, which has just taken the lock") from None
             raise
-        print(f"notice: took over the run lock of {self.run.shown} from {holder}, not renewed for {age:.0f} s",
-              file=sys.stderr)  # fmt: skip
+        why = "which has ended on this machine" if gone else f"not renewed for {age:.0f} s"
+        print(f"notice: took over the run lock of {self.run.shown} from {holder}, {why}", file=sys.stderr)
 
     def _read(self) -> str:
         try:
