@@ -269,7 +269,7 @@ def test_a_stop_signal_uploads_the_state_it_saved_before_the_process_exits(bucke
     run.send_signal(signal.SIGTERM)
     out, err = run.communicate(timeout=60)
     assert run.returncode == 143, err[-3000:]
-    step = int(err.split("stopped by SIGTERM: ")[1].split(" holds step ")[1].split()[0])
+    step = int(err.split(f"stopped by SIGTERM: {url}/checkpoints/last.ckpt holds step ")[1].split()[0])
     assert f"uploaded to {url}: continue the run with --ckpt_path last" in err
     assert saved_step(fs, f"{bucket}/stopped/checkpoints/last.ckpt") == step
     assert not fs.exists(f"{bucket}/stopped/.lock")

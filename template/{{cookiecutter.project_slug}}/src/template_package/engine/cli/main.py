@@ -402,12 +402,15 @@ class ProjectCLI(LightningCLI):
 
 
 def say_the_url(trainer: L.Trainer, remote: RemoteRun) -> None:
-    """The callbacks that save a run's paths save the URL of a run in object storage, not its local folder."""
+    """The callbacks that save or print a run's paths give the URL of a run in object storage, not its local
+    folder."""
     for callback in trainer.callbacks:
         if isinstance(callback, RunConfigCallback):
             callback.remote = remote
         elif isinstance(callback, BestCheckpoints):
             callback.moved = (str(remote.local), remote.shown)
+        elif isinstance(callback, LastCheckpoint):
+            callback.shown = remote.shown_path(callback.path)
 
 
 def main(args: list[str] | None = None) -> ProjectCLI:

@@ -87,6 +87,8 @@ class LastCheckpoint(Checkpoint):
 
     FILENAME = "last.ckpt"
 
+    shown: str | None = None  # how its file is named in what it prints: a run in object storage's URL (set by the CLI)
+
     def __init__(self, dirpath: str, every_n_steps: int = 1000) -> None:
         if every_n_steps < 0:
             raise UsageError(f"every_n_steps={every_n_steps} must be >= 0 (0 writes at every epoch end)")
@@ -237,7 +239,7 @@ class LastCheckpoint(Checkpoint):
         stopped = isinstance(exception, SystemExit) and exception.code == self._exit_code is not None
         if stopped and trainer.is_global_zero:  # the run's last line (Lightning calls Checkpoints' hooks last)
             name = signal.Signals(self._exit_code - 128).name if self._exit_code > 128 else "a signal"
-            print(f"stopped by {name}: {self.path} holds step {self._saved_at}", file=sys.stderr)
+            print(f"stopped by {name}: {self.shown or self.path} holds step {self._saved_at}", file=sys.stderr)
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage != "fit":
