@@ -38,6 +38,11 @@ def this_machine() -> str:
         return ""
 
 
+def holder_named(lock: str) -> str:
+    """The holder as the lock's text names it for people: its host and PID."""
+    return lock.split(" token ")[0].strip() or "another process"
+
+
 def ended_here(holder: str) -> bool:
     """Whether the lock's holder ran on this machine in a process that no longer exists."""
     ran, _, machine = holder.partition(" on ")
@@ -108,8 +113,8 @@ class ObjectLock:
     def _take_over(self, at_once: bool) -> None:
         head = self.run.call("call_s3", "head_object", Bucket=self.bucket, Key=self.key)
         age = parsedate_to_datetime(head["ResponseMetadata"]["HTTPHeaders"]["date"]) - head["LastModified"]
-        age, holder = age.total_seconds(), self._holder()
-        gone = ended_here(self._read())
+        lock = self._read()  # (one read of the lock: who holds it, and whether that process has ended here)
+        age, holder, gone = age.total_seconds(), holder_named(lock), ended_here(lock)
         if not at_once and not gone and age < self.settings.expire_after:
             raise RunDirectoryBusy(
                 self.run.shown, f"{holder}, which renewed its lock {age:.0f} s ago; a lock not renewed for "
@@ -132,7 +137,7 @@ class ObjectLock:
             return ""
 
     def _holder(self) -> str:
-        return self._read().split(" token ")[0].strip() or "another process"
+        return holder_named(self._read())
 
     def _put(self, **condition: str) -> None:
         asked = time.monotonic()
