@@ -5,6 +5,7 @@ which the script asks for before the time limit, takes the same way through the 
 engine's handling of both signals is tested in test_resume.py.)"""
 
 import os
+import random
 import re
 import shutil
 import signal
@@ -51,11 +52,14 @@ JobRequeue=1
 ReturnToService=2
 MailProg=/bin/true
 SchedulerParameters=bf_interval=1,sched_interval=1
+FirstJobId={first_job_id}
 NodeName=localhost CPUs={cpus} State=UNKNOWN
 PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
 """
 # auth/none and cred/none: no munged to start (tried: with auth/munge it behaves the same); proctrack/linuxproc:
 # this kind of machine has no usable cgroups; cred_expire=5: a requeued job waits 5 s, not 120, before it runs again.
+# FirstJobId: Lightning's SLURM plugin takes the ranks' MASTER_PORT from the job id (15000 + its last 4 digits), so
+# two suites' clusters on one machine, each numbering from 1, would give their jobs the same port.
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +70,8 @@ def slurm(tmp_path_factory) -> dict[str, str]:
         (root / folder).mkdir()
     ports = [_free_port() for _ in range(2)]
     conf = root / "slurm.conf"
-    conf.write_text(SLURM_CONF.format(root=root, ctld_port=ports[0], d_port=ports[1], cpus=min(os.cpu_count(), 2)))
+    conf.write_text(SLURM_CONF.format(root=root, ctld_port=ports[0], d_port=ports[1], cpus=min(os.cpu_count(), 2),
+                                      first_job_id=_first_job_id()))  # fmt: skip
     env = {**os.environ, "SLURM_CONF": str(conf)}
     started = time.monotonic()
     daemons = [
@@ -102,6 +107,24 @@ def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+def _first_job_id(jobs: int = 4) -> int:
+    """A first job id whose jobs' MASTER_PORTs (15000 + the id's last 4 digits) are free on this machine now."""
+    for _ in range(1000):
+        first = random.randrange(1, 10000 - jobs)
+        if all(_port_is_free(15000 + first + job) for job in range(jobs)):
+            return first
+    raise AssertionError("no 4 free ports between 15001 and 24999 for the SLURM jobs' MASTER_PORT")
+
+
+def _port_is_free(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
 
 
 def _run(command: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
