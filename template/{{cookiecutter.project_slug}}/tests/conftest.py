@@ -63,9 +63,10 @@ LONGEST_FIRST = (
 
 
 def pytest_xdist_auto_num_workers(config) -> int:
-    """`-n auto`: a worker per CPU and two more. Much of the tests' time is spent waiting (for the processes they
-    start and kill, for signals, servers and SLURM), which the extra workers fill with work."""
-    return (os.cpu_count() or 1) + 2
+    """`-n auto`: a worker per CPU and one more. The extra worker fills the time the tests spend waiting (for the
+    processes they start and kill, for signals, servers and SLURM); more workers than that slow every process down
+    more than they fill (docs/decisions.md)."""
+    return (os.cpu_count() or 1) + 1
 
 
 def pytest_collection_modifyitems(items) -> None:
