@@ -1,6 +1,6 @@
 """A command started warm (helpers/warm_start.py: the tests' runs, and the guarantee kit's in the tests) is the
 command a new `python -m template_package` runs: the same imports from its working directory, the same ranks, the
-same bits. Its other DDP ranks are forked from it instead of starting a new interpreter each (5-10 s of imports)."""
+same bits. Its other DDP ranks, and a sweep's trials, are forked from it instead of starting a new interpreter each."""
 
 import os
 import shutil
@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import PROJECT_ROOT, QUICK, TESTS, WarmProcess, extra_config, started, subprocess_env
+from helpers.sweeps import finish_sweep, start_sweep
 from helpers.warm_start import WarmStart
 
 pytestmark = pytest.mark.slow
@@ -109,3 +110,30 @@ def test_a_run_has_the_environment_it_is_started_with_not_the_servers(tmp_path: 
     finally:
         server.close()
     assert (tmp_path / "seen").read_text() == env.get("TMPDIR", "unset")
+
+
+TRIAL_REPORT = """
+import os
+import pathlib
+
+from lightning.pytorch import Callback
+
+
+class ReportProcess(Callback):
+    def setup(self, trainer, pl_module, stage):
+        warm = b"warm_start" in pathlib.Path("/proc/self/cmdline").read_bytes()
+        said = f"warm={warm} parent={os.getppid()} leads_its_session={os.getsid(0) == os.getpid()}"
+        pathlib.Path(trainer.default_root_dir, "process").write_text(said)
+"""
+
+
+def test_a_sweep_started_warm_forks_its_trials_as_the_sweep_would_start_them(tmp_path: Path):
+    """A sweep's trial, which the sweep starts as a new `python -m` (sweep/search.py), is forked from the sweep when
+    the sweep was started warm: still the sweep's child, leading a session of its own, with the sweep's output file."""
+    pytest.importorskip("optuna", reason='sweeps need the sweep extra: pip install -e ".[sweep]"')
+    (tmp_path / "trial_report.py").write_text(TRIAL_REPORT)
+    sweep = start_sweep(tmp_path / "sweep", 1, "--trainer.callbacks+=trial_report.ReportProcess")
+    finish_sweep(sweep)
+    said = (tmp_path / "sweep" / "trial-0" / "process").read_text()
+    assert said == f"warm=True parent={sweep.pid} leads_its_session=True"
+    assert "last state (step 12)" in (tmp_path / "sweep" / "trial-0" / "fit.log").read_text()

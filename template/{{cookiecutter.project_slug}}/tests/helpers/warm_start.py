@@ -7,9 +7,9 @@ fills jsonargparse's caches) and runs each command in a child forked from itself
 ends like any other and whose state dies with it, and which starts where a fresh `python -m <package>` stands once its
 imports are done (the user's classes are imported by each child, as by a fresh process). The tests' runs start this way
 (conftest.WarmProcess), and the guarantee kit's runs in the tests (`kit_runner`). The other ranks of a DDP run started
-warm are forked from its rank 0 too (`ForkedRank`), where Lightning's launcher would start a new interpreter for each;
-tests/test_warm_start.py compares both. The product itself never forks: the kit and `sweep` start their runs as a user's
-runs start.
+warm are forked from its rank 0 too, and the trials of a sweep started warm from the sweep (`ForkedCommand`), where
+Lightning's launcher and the sweep would start a new interpreter for each; tests/test_warm_start.py compares both. The
+product itself never forks: the kit and `sweep` start their runs as a user's runs start.
 
 The protocol, one JSON object a line: the request `{"args": [...], "cwd": DIR, "out": FILE, "err": FILE, "env":
 {...}}` starts `python -m <package> ARGS` in DIR, its standard output and error appended to the files (which may be
@@ -161,6 +161,8 @@ def run_child(request: dict) -> None:
         main_spec = package and importlib.util.find_spec(f"{package}.__main__")
         sys.modules["__main__"].__spec__ = main_spec or importlib.util.find_spec(f"{ENGINE}.__main__")
         start_other_ranks_forked()
+        if request["args"][:1] == ["sweep"]:
+            start_trials_forked()
         code = run_main()
     except BaseException:  # noqa: BLE001 - the child reports a failure as a process of its own would
         traceback.print_exc()
@@ -194,30 +196,51 @@ def run_main() -> int:
 def start_other_ranks_forked() -> None:
     """Have Lightning's DDP launcher fork the other ranks of this run from this process, whose imports are done,
     instead of starting each as a new `python -m <package> ARGS` (all of its imports again): a sweep's DDP trials, the
-    kit's and the tests' DDP runs. Where a fork is not safe it starts them as Lightning does (see ForkedRank)."""
+    kit's and the tests' DDP runs. Where a fork is not safe it starts them as Lightning does (see ForkedCommand)."""
     from lightning.pytorch.strategies.launchers import subprocess_script
 
     launcher_subprocess = types.SimpleNamespace(**{**vars(subprocess), "Popen": _rank_process})
     subprocess_script.subprocess = launcher_subprocess  # (the module Lightning's launcher calls Popen from)
 
 
+def start_trials_forked() -> None:
+    """Have a sweep fork its trials' fits from its own process, whose imports are done, instead of starting each as a
+    new `python -m <package> fit` (sweep/search.py's start_trial, with the same environment, output and session).
+    Where a fork is not safe (a database server's heartbeat thread is running) it starts them as the sweep does."""
+    from template_package.engine.sweep import search
+
+    search.subprocess = types.SimpleNamespace(**{**vars(subprocess), "Popen": _trial_process})
+
+
 def _rank_process(command: list[str], env: dict | None = None, cwd: str | None = None, **kwargs):
     own_command = [sys.executable, "-m", sys.modules["__main__"].__spec__.name, *sys.argv[1:]]
-    if list(command) == own_command and env is not None and ForkedRank.safe_to_fork() and not kwargs:
-        return ForkedRank(command, env, cwd)
+    if list(command) == own_command and env is not None and ForkedCommand.safe_to_fork() and not kwargs:
+        return ForkedCommand(command, env, cwd, rank=True)
     return subprocess.Popen(command, env=env, cwd=cwd, **kwargs)
 
 
-class ForkedRank(_Forked):
-    """A DDP rank forked from rank 0 when Lightning's launcher starts it, used as its subprocess.Popen: it runs
-    `main()` from the start with the launcher's environment, as the new interpreter would, in rank 0's process group
-    (a kill of the group ends it, as it ends a launched one), with Lightning's rank-zero switch set from that
-    environment as an import sets it. Only safe while rank 0 has no thread but its main one and has not initialized
-    CUDA (checked at the launch, which comes before both). Unlike a new interpreter, it does not import again the
-    modules rank 0 has imported (the user's included), and it keeps rank 0's open files (the run lock excepted: a
-    fork drops it, resume/run_lock.py)."""
+def _trial_process(command: list[str], stdin=None, stdout=None, stderr=None, env=None, **kwargs):
+    """The sweep's Popen: `python -m <engine> fit ...`, in a session of its own, its output in a log file."""
+    as_the_sweep_starts = stdin == subprocess.DEVNULL and stderr == subprocess.STDOUT and hasattr(stdout, "fileno")
+    if (command[:2] == [sys.executable, "-m"] and as_the_sweep_starts and env is not None
+            and kwargs == {"start_new_session": True} and ForkedCommand.safe_to_fork()):  # fmt: skip
+        return ForkedCommand(command, env, None, log=stdout.fileno())
+    return subprocess.Popen(command, stdin=stdin, stdout=stdout, stderr=stderr, env=env, **kwargs)
 
-    def __init__(self, command: list[str], env: dict[str, str], cwd: str | None) -> None:
+
+class ForkedCommand(_Forked):
+    """`python -m <module> ARGS` forked from this process, used as its subprocess.Popen: it runs `main()` from the
+    start with the given environment, as the new interpreter would. A DDP rank (`rank`) is forked from rank 0 when
+    Lightning's launcher starts it, stays in rank 0's process group (a kill of the group ends it, as it ends a launched
+    one) and has Lightning's rank-zero switch set from its environment as an import sets it. A sweep's trial (`log`: a
+    descriptor for its standard output and error) leads a session of its own, its standard input empty, as the sweep
+    starts it. Only safe while this process has no thread but its main one and has not initialized CUDA (checked
+    before each fork). Unlike a new interpreter, it does not import again the modules this process has imported (the
+    user's included), and it keeps this process's open files (the run lock excepted: a fork drops it,
+    resume/run_lock.py)."""
+
+    def __init__(self, command: list[str], env: dict[str, str], cwd: str | None, rank: bool = False,
+                 log: int | None = None) -> None:  # fmt: skip
         self.args, self.returncode = command, None
         sys.stdout.flush()
         sys.stderr.flush()
@@ -226,16 +249,21 @@ class ForkedRank(_Forked):
             code = 1
             try:
                 for signum in (signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP):
-                    signal.signal(signum, signal.SIG_DFL)  # rank 0's handlers are its own
+                    signal.signal(signum, signal.SIG_DFL)  # the parent's handlers are its own
                 signal.signal(signal.SIGINT, signal.default_int_handler)
-                atexit._clear()  # so are its exit handlers (its temporary folders, which this rank must not remove)
+                atexit._clear()  # so are its exit handlers (its temporary folders, which the child must not remove)
                 os.environ.clear()
                 os.environ.update(env)
+                tempfile.tempdir = None  # (found again from TMPDIR, as a new process finds it)
                 if cwd:
                     os.chdir(cwd)
-                from lightning.fabric.utilities.rank_zero import _get_rank, rank_zero_only
+                if log is not None:
+                    become_a_session_writing_to(log)
+                    sys.modules["__main__"].__spec__ = importlib.util.find_spec(f"{command[2]}.__main__")
+                if rank:
+                    from lightning.fabric.utilities.rank_zero import _get_rank, rank_zero_only
 
-                rank_zero_only.rank = _get_rank() or 0  # (what importing Lightning with this environment sets)
+                    rank_zero_only.rank = _get_rank() or 0  # (what importing Lightning with this environment sets)
                 sys.argv = [sys.argv[0], *command[3:]]
                 code = run_main()
             except BaseException:  # noqa: BLE001
@@ -258,6 +286,19 @@ class ForkedRank(_Forked):
 
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
+
+
+def become_a_session_writing_to(log: int) -> None:
+    """In a forked child: lead a new session, read nothing and write standard output and error to `log`."""
+    os.setsid()
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    sys.stdin = open(0, closefd=False)  # noqa: SIM115 - the new process's standard streams
+    sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
+    sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
 
 
 def dump_stacks(pid: int, err: Path) -> str:
