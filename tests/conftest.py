@@ -10,8 +10,7 @@ from bakery import REPO
 
 
 def pytest_collection_modifyitems(items: list) -> None:
-    """The longest test first (the default preset's project suite, ~13 min on 2 cores), so that the others run beside
-    it instead of after it."""
+    """The longest test first (the default preset's project suite), so that the others run beside it, not after."""
     items.sort(key=lambda item: item.name != "test_preset_project_passes_its_own_tests[default]")
 
 

@@ -38,30 +38,6 @@ STAND_IN = ["--model=stand_in.StandInClassifier", "--data=stand_in.StandInData",
 TRAINER_SUBCOMMANDS = ("fit", "validate", "test", "predict")
 
 
-# The longest files, first, by their measured time (`pytest --durations=0`): each file runs on one worker (--dist
-# loadfile, so that a file's reference runs are made once), and a long one started last keeps a single worker busy
-# while the others have nothing left.
-LONGEST_FIRST = (
-    "test_guarantee_kit.py",
-    "test_copy_modules.py",
-    "test_streaming.py",
-    "test_sweep.py",
-    "test_scale_out.py",
-    "test_warm_start.py",
-    "test_object_store.py",
-    "test_sweep_folds.py",
-    "test_sweep_postgres.py",
-    "test_sampled_resume.py",
-    "test_slurm.py",
-    "test_sharded.py",
-    "test_parity.py",
-    "test_resume.py",
-    "test_tracking.py",
-    "test_guarantees.py",
-    "test_patterns.py",
-)
-
-
 def pytest_xdist_auto_num_workers(config) -> int:
     """`-n auto`: a worker per CPU and one more. The extra worker fills the time the tests spend waiting (for the
     processes they start and kill, for signals, servers and SLURM); more workers than that slow every process down
@@ -70,12 +46,12 @@ def pytest_xdist_auto_num_workers(config) -> int:
 
 
 def pytest_collection_modifyitems(items) -> None:
-    """Tests in a folder of tests/ test the example task: marked `example`. The longest files run first."""
+    """Tests in a folder of tests/ test the example task: marked `example`. (The files run in pytest-xdist's order, the
+    files with the most tests first: the longest files first put the heaviest at once on the CPUs, which cost more time
+    in all, docs/decisions.md.)"""
     for item in items:
         if Path(item.path).parent != TESTS:
             item.add_marker(pytest.mark.example)
-    order = {name: rank for rank, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: order.get(Path(item.path).name, len(order)))  # (stable: a file's order is kept)
 
 
 def with_task(args: tuple[str, ...] | list[str], task: list[str]) -> list[str]:

@@ -74,12 +74,13 @@ def test_a_sweep_killed_at_any_moment_and_run_again_ends_with_the_same_study(uni
     while not (folder / "trial-1" / "checkpoints" / "last.ckpt").exists():
         assert process.poll() is None and time.monotonic() < deadline, process.communicate()[1][-3000:]
         time.sleep(0.02)
+    assert set(processes_using(folder)) - {process.pid}, "the trial's fit is not seen"  # (so the check below can fail)
     os.killpg(process.pid, signal.SIGKILL)
     process.wait()
     deadline = time.monotonic() + 2
-    while processes_naming(folder) and time.monotonic() < deadline:  # the trial's fit, in a session of its own
+    while processes_using(folder) and time.monotonic() < deadline:  # the trial's fit, in a session of its own
         time.sleep(0.1)
-    assert not processes_naming(folder), "the trial's fit outlived its sweep"
+    assert not processes_using(folder), "the trial's fit outlived its sweep"
     assert [state for *_, state, _ in study_of(folder)] == ["COMPLETE", "RUNNING"]
     assert "trial 1 lost its process: taken over, from its last.ckpt" in finish_sweep(start_sweep(folder, 2))
     assert study_of(folder) == study_of(reference)
@@ -87,16 +88,24 @@ def test_a_sweep_killed_at_any_moment_and_run_again_ends_with_the_same_study(uni
     assert log.count("starting a fresh run") == 1 and "Restoring states from the checkpoint path" in log
 
 
-def processes_naming(folder: Path) -> list[int]:
-    """The live processes whose command line names `folder`."""
+def processes_using(folder: Path) -> list[int]:
+    """The live processes whose command line names `folder` or that hold a file under it open (a trial's fit holds its
+    fit.log as its output, whether the sweep started it as a new interpreter or the tests' warm start forked it)."""
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             with contextlib.suppress(OSError):
                 status = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-                if status != "Z" and str(folder).encode() in (entry / "cmdline").read_bytes():
+                named = str(folder).encode() in (entry / "cmdline").read_bytes()
+                if status != "Z" and (named or any(is_under(fd, folder) for fd in (entry / "fd").iterdir())):
                     found.append(int(entry.name))
     return found
+
+
+def is_under(descriptor: Path, folder: Path) -> bool:
+    with contextlib.suppress(OSError):
+        return os.readlink(descriptor).startswith(f"{folder}/")
+    return False
 
 
 @pytest.mark.slow
