@@ -206,7 +206,8 @@ def start_other_ranks_forked() -> None:
 def start_trials_forked() -> None:
     """Have a sweep fork its trials' fits from its own process, whose imports are done, instead of starting each as a
     new `python -m <package> fit` (sweep/search.py's start_trial, with the same environment, output and session).
-    Where a fork is not safe (a database server's heartbeat thread is running) it starts them as the sweep does."""
+    With a database server the sweep has started the trial's heartbeat thread just before: it is waiting out its first
+    interval, and holds nothing the child uses. Where another thread runs, it starts them as the sweep does."""
     from template_package.engine.sweep import search
 
     search.subprocess = types.SimpleNamespace(**{**vars(subprocess), "Popen": _trial_process})
@@ -219,11 +220,14 @@ def _rank_process(command: list[str], env: dict | None = None, cwd: str | None =
     return subprocess.Popen(command, env=env, cwd=cwd, **kwargs)
 
 
+HEARTBEAT = "heartbeat of trial id "  # (the name of the thread sweep/shared_study.py starts before each trial's fit)
+
+
 def _trial_process(command: list[str], stdin=None, stdout=None, stderr=None, env=None, **kwargs):
     """The sweep's Popen: `python -m <engine> fit ...`, in a session of its own, its output in a log file."""
     as_the_sweep_starts = stdin == subprocess.DEVNULL and stderr == subprocess.STDOUT and hasattr(stdout, "fileno")
     if (command[:2] == [sys.executable, "-m"] and as_the_sweep_starts and env is not None
-            and kwargs == {"start_new_session": True} and ForkedCommand.safe_to_fork()):  # fmt: skip
+            and kwargs == {"start_new_session": True} and ForkedCommand.safe_to_fork(HEARTBEAT)):  # fmt: skip
         return ForkedCommand(command, env, None, log=stdout.fileno())
     return subprocess.Popen(command, stdin=stdin, stdout=stdout, stderr=stderr, env=env, **kwargs)
 
@@ -272,10 +276,13 @@ class ForkedCommand(_Forked):
                 exit_as_a_process_does(code)
 
     @staticmethod
-    def safe_to_fork() -> bool:
+    def safe_to_fork(waiting_thread: str | None = None) -> bool:
+        """No thread but the main one (and threads named `waiting_thread...`, known to be waiting), no CUDA."""
         import torch
 
-        return threading.active_count() == 1 and not torch.cuda.is_initialized()
+        others = [t for t in threading.enumerate() if t is not threading.main_thread()]
+        waiting = [t for t in others if waiting_thread and t.name.startswith(waiting_thread)]
+        return len(others) == len(waiting) and not torch.cuda.is_initialized()
 
     def send_signal(self, signum: int) -> None:
         if self.poll() is None:
