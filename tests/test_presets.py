@@ -72,8 +72,8 @@ def test_preset_project_passes_its_own_tests(baked, request):
     if preset == "minimal":
         pytest.skip("the same code as custom_names with other names and fewer files: baked and ruff-checked above")
     select = [] if preset == "default" else ["-n", "0", *SMOKE]
-    if preset == "char_lm":  # the other task (the engine's tests ran in the default preset): its own and the kit's
-        select = ["-m", "example or guarantees"]
+    if preset == "char_lm":  # the other task (the engine's tests ran in the default preset): its own and the kit's,
+        select = ["-n", "0", "-m", "example or guarantees"]  # in one process (3 workers: twice its CPU time)
     result = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *select], cwd=project, timeout=2400)
     failures = result.stdout.find("= FAILURES =")  # (the tail is the warnings' summary: the failure comes before it)
     shown = result.stdout[failures : failures + 8000] if failures >= 0 else result.stdout[-4000:]
