@@ -2,7 +2,7 @@
 first difference and a cause that is true. Each of its stops catches something the others miss: the mid-epoch stop any
 state the checkpoint lacks, the stop in validation a module changed for validation, the stop after an epoch's end a
 state taken before the module's own epoch-end hook (the engine before it saved epoch ends as a Lightning Checkpoint
-does, put back here with sitecustomize in the kit's child processes)."""
+does, put back here in the kit's child processes by a module that a callback option imports)."""
 
 import importlib.util
 
@@ -17,8 +17,8 @@ pytestmark = pytest.mark.slow
 GAN = ["--model=null", "--model=patterns.ManualGAN", "--checkpoint.monitor=null"]
 
 
-def kit_on(tmp_path, *task: str, env: dict | None = None) -> GuaranteeKit:
-    return GuaranteeKit(tmp_path / "kit", [*STAND_IN, *task], env=env or subprocess_env(), run=kit_runner)
+def kit_on(tmp_path, *task: str) -> GuaranteeKit:
+    return GuaranteeKit(tmp_path / "kit", [*STAND_IN, *task], env=subprocess_env(), run=kit_runner)
 
 
 def test_unseeded_randomness_fails_the_repeat_check(tmp_path):
@@ -66,14 +66,11 @@ def test_a_module_that_validates_with_swapped_weights_fails_only_the_stop_in_val
         kit.check_exact_resume()
 
 
-def controls(tmp_path, code: str) -> dict:
-    """The kit's child processes' environment with `code` run at their start (sitecustomize)."""
-    folder = tmp_path / "control"
-    folder.mkdir()
-    (folder / "sitecustomize.py").write_text(code)
-    env = subprocess_env()
-    env["PYTHONPATH"] = f"{folder}:{env['PYTHONPATH']}"
-    return env
+def controlled(tmp_path, code: str) -> list[str]:
+    """The option that runs `code` in each of the kit's runs as it reads its options, before training: a callback of a
+    module in the kit's working directory (tmp_path), where `python -m` finds it, which `code` is the start of."""
+    (tmp_path / "control.py").write_text(f"{code}\n\nfrom lightning.pytorch import Callback as Control\n")
+    return ["--trainer.callbacks+=control.Control"]
 
 
 EPOCH_END_BEFORE_THE_MODULE = """
@@ -97,7 +94,7 @@ LastCheckpoint.on_train_epoch_end = lambda self, trainer, pl_module: None
 def test_an_epoch_end_saved_before_the_modules_hook_fails_only_the_stop_after_an_epoch_end(tmp_path):
     """The GAN steps its two schedules in on_train_epoch_end: saved before that, its epoch-end state misses them,
     which only a run resumed from that checkpoint shows."""
-    kit = kit_on(tmp_path, *GAN, env=controls(tmp_path, EPOCH_END_BEFORE_THE_MODULE))
+    kit = kit_on(tmp_path, *GAN, *controlled(tmp_path, EPOCH_END_BEFORE_THE_MODULE))
     stopped = r"a run SIGKILLed right after its first epoch's end was saved \(after 7 training steps\) and resumed "
     with pytest.raises(AssertionError, match=stopped + ".*Likely cause: state changed at an epoch's end"):
         kit.check_exact_resume()
@@ -113,7 +110,7 @@ last_checkpoint.dump_checkpoint = lambda trainer: trainer._checkpoint_connector.
 def test_a_checkpoint_taken_in_validation_as_it_is_fails_only_the_stop_in_validation(tmp_path):
     """Without the engine putting back what validation changed, the run resumed from a stop in validation goes on
     with the interrupted validation at its next batch, and logs a validation metric of part of the batches."""
-    kit = kit_on(tmp_path, *GAN, env=controls(tmp_path, VALIDATION_NOT_UNDONE))
+    kit = kit_on(tmp_path, *GAN, *controlled(tmp_path, VALIDATION_NOT_UNDONE))
     stopped = r"a run stopped by SIGTERM during its last validation \(after 12 training steps\) and resumed "
     with pytest.raises(AssertionError, match=stopped + r"differs .*val/d_real logged at step 11 .*Likely cause: state "
                                                        r"that validation changes"):  # fmt: skip
@@ -198,7 +195,7 @@ trained_state.put_back = lambda module, saved: None
 
 def test_a_backbone_left_frozen_on_resume_fails_the_resume_check_naming_the_frozen_parameters(tmp_path):
     """The negative control: without the engine's put back, the resumed run's backbone stays frozen."""
-    kit = kit_on(tmp_path, *fine_tuning_task(tmp_path), env=controls(tmp_path, FROZEN_AGAIN))
+    kit = kit_on(tmp_path, *fine_tuning_task(tmp_path), *controlled(tmp_path, FROZEN_AGAIN))
     stopped = r"a run SIGKILLed mid-epoch after a checkpoint \(after 10 training steps\) and resumed differs"
     with pytest.raises(AssertionError, match=stopped + ".*Likely cause: parameters frozen in one run and trainable"):
         kit.check_exact_resume()
