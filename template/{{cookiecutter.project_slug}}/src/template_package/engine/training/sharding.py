@@ -185,7 +185,11 @@ class ShardedStrategy(ModelParallelStrategy):
         path = Path(self.broadcast(str(filepath)))  # every rank writes where rank 0 does
         shards = {"state_dict": checkpoint.pop("state_dict")}
         shards.update({f"optimizer_{i}": state for i, state in enumerate(checkpoint.pop("optimizer_states", []))})
-        sharded_folders.save(shards, checkpoint, path, self._checkpoint_group, self.storage_writer)
+        try:
+            sharded_folders.save(shards, checkpoint, path, self._checkpoint_group, self.storage_writer)
+        except Exception:  # another rank stopped or stalled: stop the others at once, before Lightning's watcher
+            self._stop_the_ranks_started_here()  # SIGKILLs this process for the rank that ended (see on_exception)
+            raise
 
     def storage_writer(self, folder: Path) -> FileSystemWriter:
         """How this process writes its shards into `folder`: one file a process, each fsynced."""
@@ -203,7 +207,11 @@ class ShardedStrategy(ModelParallelStrategy):
         it exits with its own line and status, not SIGKILLed by the launcher's watcher for the ranks it killed."""
         # (ModelParallelStrategy's one launcher starts this script again for the other processes; there is none when
         # torchrun or a cluster started them)
-        if isinstance(exception, Exception) and self.launcher is not None:
+        if isinstance(exception, Exception):
+            self._stop_the_ranks_started_here()
+
+    def _stop_the_ranks_started_here(self) -> None:
+        if self.launcher is not None:
             self.launcher.kill(signal.SIGKILL)
             stop_watching_ranks(self.launcher)
 
