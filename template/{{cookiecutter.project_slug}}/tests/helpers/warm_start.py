@@ -141,14 +141,10 @@ def run_child(request: dict) -> None:
         if sys.path and sys.path[0] == os.getcwd():  # `python -m` put the server's folder first on sys.path:
             sys.path[0] = os.path.abspath(request["cwd"])  # the child's, as for a new `python -m` there
         os.chdir(request["cwd"])
-        opened = [os.open(os.devnull, os.O_RDONLY)]
-        opened += [os.open(request[name], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644) for name in ("out", "err")]
-        for fd, target in enumerate(opened):
-            os.dup2(target, fd)
-            os.close(target)
-        sys.stdin = open(0, closefd=False)  # noqa: SIM115 - the new process's standard streams
-        sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
-        sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+        out, err = (os.open(request[name], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644) for name in ("out", "err"))
+        write_standard_streams_to(out, err)
+        os.close(out)
+        os.close(err)
         faulthandler.register(STACKS_SIGNAL, all_threads=True)  # (its loader workers and DDP ranks inherit it)
         if request["env"] is not None:  # its whole environment, as subprocess.Popen(env=...) gives: nothing of the
             os.environ.clear()  # server's stays (a TMPDIR of the test that started the server, say)
@@ -261,8 +257,9 @@ class ForkedCommand(_Forked):
                 tempfile.tempdir = None  # (found again from TMPDIR, as a new process finds it)
                 if cwd:
                     os.chdir(cwd)
-                if log is not None:
-                    become_a_session_writing_to(log)
+                if log is not None:  # as the sweep starts it: a session of its own, writing to its log
+                    os.setsid()
+                    write_standard_streams_to(log, log)
                     sys.modules["__main__"].__spec__ = importlib.util.find_spec(f"{command[2]}.__main__")
                 if rank:
                     from lightning.fabric.utilities.rank_zero import _get_rank, rank_zero_only
@@ -295,14 +292,13 @@ class ForkedCommand(_Forked):
         self.send_signal(signal.SIGKILL)
 
 
-def become_a_session_writing_to(log: int) -> None:
-    """In a forked child: lead a new session, read nothing and write standard output and error to `log`."""
-    os.setsid()
+def write_standard_streams_to(out: int, err: int) -> None:
+    """In a forked child: standard input empty, standard output and error the descriptors `out` and `err` (which may be
+    one), and Python's streams on them, as a new process's."""
     devnull = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(devnull, 0)
+    for fd, target in enumerate((devnull, out, err)):
+        os.dup2(target, fd)
     os.close(devnull)
-    os.dup2(log, 1)
-    os.dup2(log, 2)
     sys.stdin = open(0, closefd=False)  # noqa: SIM115 - the new process's standard streams
     sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
     sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
