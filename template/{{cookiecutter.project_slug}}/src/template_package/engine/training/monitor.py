@@ -43,6 +43,8 @@ class BestCheckpoints(ModelCheckpoint):
         if not monitor:
             kwargs["save_top_k"] = 0  # (Lightning refuses a top-k without a metric to rank by)
         self._state_key: str | None = None
+        steps, interval = kwargs.get("every_n_train_steps"), kwargs.get("train_time_interval")
+        self.saves_at_batches = bool(steps) or interval is not None  # (else only at epoch or validation ends)
         super().__init__(filename=filename, **kwargs)
         self._checked = False
         self._before_validation: set[str] = set()
@@ -58,6 +60,12 @@ class BestCheckpoints(ModelCheckpoint):
         if self._state_key is None:
             self._state_key = super().state_key
         return self._state_key
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
+        """Lightning's save check at each training batch, made only where a batch can save (every_n_train_steps or
+        train_time_interval): elsewhere it is work at every step for nothing."""
+        if self.saves_at_batches:
+            super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
 
     def state_dict(self) -> dict:
         state = super().state_dict()
