@@ -14,7 +14,8 @@ since the reference loop does not validate. --features template: the template (o
 without the reference loop: per repeat a fit of each, on two threads that take turns step by step and train the same
 network (Relay); the last line is `template overhead <x>`: each step's fastest time over the repeats, summed,
 template / bare (the repeats' own ratios are printed for their spread). `--without FEATURE` (repeatable) drops a
-feature from the template's side, to measure what it costs.
+feature from the template's side, to measure what it costs; `--null` puts Lightning's floor on both sides, the
+control: its distance from 1 is what this machine's noise alone makes of the same work.
 
 --gpu: a torchvision ResNet-18 on CIFAR-sized random 3x32x32 images held in memory (no download), batch 256, on
 one CUDA GPU, also reporting samples/s and the peak GPU memory of each side run alone. Add --precision 16-mixed,
@@ -211,19 +212,14 @@ class BareClassifier(ImageClassifier):
         return F.cross_entropy(self(images), targets)
 
 
-def fit_bare(
-    options: argparse.Namespace, root: str, callbacks: list[L.Callback] | None = None, network=None
-) -> L.Trainer:
+def fit_bare(options: argparse.Namespace, root: str, callbacks: list[L.Callback] | None = None) -> L.Trainer:
     """The recipe of configs/default.yaml in `Trainer(barebones=True)`, which skips Lightning's logging, progress and
-    checkpointing machinery: what any Lightning training loop costs at least. `network`: train this one (the same
-    tensors, so the same memory layout, as the side it is compared with)."""
+    checkpointing machinery: what any Lightning training loop costs at least."""
     data = datamodule(options)
     L.seed_everything(42)
     model = BareClassifier(
         options.arch, data.num_classes, data.in_channels, compile=options.compile, channels_last=options.channels_last
     )
-    if network is not None:
-        model.net = network
     trainer = L.Trainer(
         barebones=True, max_epochs=options.epochs, gradient_clip_val=1.0, deterministic=True,
         callbacks=callbacks if callbacks is not None else [Interleave()],
@@ -261,7 +257,7 @@ class Relay:
         self.seconds: dict[str, list[float]] = {side: [] for side in SIDES}  # each timed step's, in order
         self.done: set[str] = set()
         self.failed: BaseException | None = None
-        self.network: torch.nn.Module | None = None  # the template's, which the bare fit trains too
+        self.network: torch.nn.Module | None = None  # the first fit's, which the other one trains too
 
     def hand_over(self, side: str) -> None:
         """`side` gives the CPU to the other fit, and waits for its turn back unless the other has ended."""
@@ -291,6 +287,12 @@ class Turn(L.Callback):
     relay: Relay  # set by the benchmark before each pair of fits
     side = "bare"
 
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        """The second fit trains the first one's network (the same tensors, so the same memory layout), built before
+        its optimizer is."""
+        if self.relay.network is not None:
+            pl_module.net = self.relay.network
+
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
         relay = self.relay
         relay.network = relay.network or pl_module.net
@@ -305,19 +307,23 @@ class TemplateTurn(Turn):
 
 
 def fit_template_turns(options: argparse.Namespace, root: str) -> None:
+    if options.null:  # the control: Lightning's floor on the template's turns too
+        fit_bare(options, root, callbacks=[TemplateTurn()])
+        return
     template = argparse.Namespace(**{**vars(options), "features": "on"})
     build_cli(trainer_args(template, root, options.epochs, [f"{TemplateTurn.__module__}.{TemplateTurn.__name__}"]))
 
 
-def fit_bare_turns(options: argparse.Namespace, root: str, relay: Relay) -> None:
-    fit_bare(options, root, callbacks=[Turn()], network=relay.network)  # (made by the template's first turn)
+def fit_bare_turns(options: argparse.Namespace, root: str) -> None:
+    fit_bare(options, root, callbacks=[Turn()])
 
 
 def template_overhead(options: argparse.Namespace) -> None:
     """--features template: per repeat, the template as configured (features on) and bare Lightning, each a fit on
     its own thread, their steps alternating (Relay); the ratio of their times per step is what the template costs
     over Lightning's own floor. Both train the same network (the same tensors): its memory layout, which changes a
-    convolution's speed by a few percent from one process to the next, is the same for both.
+    convolution's speed by a few percent from one process to the next, is the same for both. Each side goes first in
+    half the repeats, so that whatever going first costs falls on both alike.
 
     Every repeat does the same work at each step (the same seed, data and schedule), and the machine's noise only ever
     adds time, so the figure is each step's fastest time over the repeats, summed, template / bare (as timeit takes
@@ -329,9 +335,9 @@ def template_overhead(options: argparse.Namespace) -> None:
         for repeat in range(1, options.repeats + 1):
             Turn.relay = relay = Relay(clock)
             fits = {"template": functools.partial(fit_template_turns, options, f"{tmp}/t{repeat}"),
-                    "bare": functools.partial(fit_bare_turns, options, f"{tmp}/b{repeat}", relay)}  # fmt: skip
+                    "bare": functools.partial(fit_bare_turns, options, f"{tmp}/b{repeat}")}  # fmt: skip
             threads = [threading.Thread(target=relay.run, args=(side, fits[side])) for side in SIDES]
-            relay.turn["template"].release()  # (first: the bare fit trains the template's network)
+            relay.turn[SIDES[repeat % 2]].release()  # each side first in half the repeats
             for thread in threads:
                 thread.start()
             for thread in threads:
@@ -346,6 +352,7 @@ def template_overhead(options: argparse.Namespace) -> None:
                   f"{per_step['bare'] * 1e3:.3f} ms/step, template / bare {ratios[-1]:.4f}", flush=True)  # fmt: skip
     fastest = {side: sum(map(min, zip(*times[side], strict=True))) for side in SIDES}
     without = f" without {', '.join(options.without)}" if options.without else ""
+    without += ", null control: the floor on both sides" if options.null else ""
     print(f"repeats' ratios: median {statistics.median(ratios):.3f}, {min(ratios):.3f}..{max(ratios):.3f}")
     print(f"template overhead {fastest['template'] / fastest['bare']:.3f} (each step's fastest of {options.repeats} "
           f"repeats of {options.epochs} epochs, by turns, {options.clock} clock{without})")  # fmt: skip
@@ -356,7 +363,8 @@ def main() -> None:
     parser.add_argument("--features", choices=["on", "off", "bare", "template"], default="on")
     parser.add_argument("--without", action="append", default=[], choices=sorted(WITHOUT),
                         help="with --features template: a feature to drop, to measure what it costs")  # fmt: skip
-    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--null", action="store_true", help="with --features template: Lightning's floor on both sides")
+    parser.add_argument("--repeats", type=int, default=8)
     parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                         help="cpu: the training thread's CPU time, which other processes on the machine do not "
                         "inflate (work the engine moves to a background thread is then not counted)")  # fmt: skip
