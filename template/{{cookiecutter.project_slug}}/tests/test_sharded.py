@@ -69,10 +69,12 @@ def test_last_ckpt_is_a_folder_of_every_processes_shards(reference):
 @pytest.mark.slow
 def test_killed_inside_a_save_and_at_random_moments_resumes_bit_identical(tmp_path, reference):
     """Rank 1 freezes half-way through writing its shards of step 5 and is SIGKILLed there: rank 0 stops within
-    seconds with one line, last.ckpt still is step 4's folder, whole. Then a SIGKILL of every process at a random
-    moment, and a resume to the end: bit-identical to the run that never stopped, no leftover folder."""
+    seconds with one line (Lightning's launcher watcher, polling every millisecond, does not kill it first), last.ckpt
+    still is step 4's folder, whole. Then a SIGKILL of every process at a random moment, and a resume to the end:
+    bit-identical to the run that never stopped, no leftover folder."""
     run_dir = tmp_path / "run"
-    process = start_fit(run_dir, "--ckpt_path=last", *RUN, "-c", faulty(tmp_path, fault="stall", rank=1, step=5))
+    stall = faulty(tmp_path, fault="stall", rank=1, step=5, quick_watcher=True)
+    process = start_fit(run_dir, "--ckpt_path=last", *RUN, "-c", stall)
     wait_until_frozen(process, tmp_path / "frozen")
     last = last_ckpt(run_dir)
     previous = read_whole(last)  # whole while the next save is half-written beside it

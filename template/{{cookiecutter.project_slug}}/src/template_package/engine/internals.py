@@ -429,6 +429,40 @@ def end_persistent_workers(loader) -> None:
     loader._iterator = None
 
 
+class _ShownRunning:
+    """A rank the launcher started, as its watcher reads it inside `ranks_shown_running`: running. Signals and waits
+    reach the process."""
+
+    returncode = None
+
+    def __init__(self, process: subprocess.Popen) -> None:
+        self.process, self.pid = process, process.pid
+
+    def poll(self) -> None:
+        return None
+
+    def send_signal(self, signum: int) -> None:
+        self.process.send_signal(signum)
+
+    def wait(self, timeout: float | None = None) -> int:
+        return self.process.wait(timeout)
+
+
+@contextlib.contextmanager
+def ranks_shown_running(launcher):
+    """Inside the block, Lightning's launcher watcher reads the ranks it started as running: a rank that stops there
+    (one killed during a save) is this process's to report, with its own line and status, where the watcher, polling
+    on its own, would now and then SIGKILL it first. The launcher has no public way to pause its watcher."""
+    started = list(launcher.procs) if launcher is not None else []
+    if started:
+        launcher.procs[:] = [_ShownRunning(process) for process in started]  # (the watcher holds this list)
+    try:
+        yield
+    finally:
+        if started and launcher.procs:  # (emptied by stop_watching_ranks when the block failed)
+            launcher.procs[:] = started
+
+
 def stop_watching_ranks(launcher, timeout: float = 5.0) -> None:
     """Reap the processes Lightning's launcher started, which this one has killed, and empty the list its watcher
     thread reads: the watcher SIGKILLs this process when one of them ends non-zero, which would cut off its own error

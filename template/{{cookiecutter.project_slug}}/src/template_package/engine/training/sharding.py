@@ -36,7 +36,7 @@ from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from ..errors import UsageError
-from ..internals import stop_watching_ranks
+from ..internals import ranks_shown_running, stop_watching_ranks
 from ..resume import sharded_folders
 from ..resume.durable import keeping_write_errors
 
@@ -185,11 +185,12 @@ class ShardedStrategy(ModelParallelStrategy):
         path = Path(self.broadcast(str(filepath)))  # every rank writes where rank 0 does
         shards = {"state_dict": checkpoint.pop("state_dict")}
         shards.update({f"optimizer_{i}": state for i, state in enumerate(checkpoint.pop("optimizer_states", []))})
-        try:
-            sharded_folders.save(shards, checkpoint, path, self._checkpoint_group, self.storage_writer)
-        except Exception:  # another rank stopped or stalled: stop the others at once, before Lightning's watcher
-            self._stop_the_ranks_started_here()  # SIGKILLs this process for the rank that ended (see on_exception)
-            raise
+        with ranks_shown_running(self.launcher):  # a rank that stops in the save is this process's to report
+            try:
+                sharded_folders.save(shards, checkpoint, path, self._checkpoint_group, self.storage_writer)
+            except Exception:  # another rank stopped or stalled: stop the others before the watcher sees them
+                self._stop_the_ranks_started_here()
+                raise
 
     def storage_writer(self, folder: Path) -> FileSystemWriter:
         """How this process writes its shards into `folder`: one file a process, each fsynced."""
