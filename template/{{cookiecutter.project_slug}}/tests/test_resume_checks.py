@@ -7,6 +7,8 @@ import pytest
 import torch
 from conftest import QUICK, cli, resume, scalars
 
+from template_package.engine.resume.changes import is_shorter
+
 # 2 epochs of 6 batches, the LR logged at every step.
 ARGS = [*QUICK, "--trainer.log_every_n_steps=1"]
 
@@ -89,6 +91,24 @@ def test_a_longer_run_keeps_its_schedule_and_says_so(finished_run, capsys):
     final_rate = 0.003 * 0.01
     assert all(lrs[step] == pytest.approx(final_rate, rel=1e-6) for step in range(12, 18))
     assert lrs[11] > final_rate  # the original schedule's last step was still above it
+
+
+def test_a_run_resumed_shorter_than_where_it_is_stops_in_one_line_naming_its_length(finished_run):
+    """A run started with --trainer.max_epochs 2 and resumed without it (here: 1) names the length to pass, where
+    Lightning's own error named neither the option nor the run's value."""
+    last = finished_run / "checkpoints" / "last.ckpt"
+    epoch = torch.load(last, weights_only=True)["epoch"]
+    with pytest.raises(SystemExit) as stop:
+        resume(finished_run, *ARGS, "--trainer.max_epochs=1")
+    assert stop.value.code == (
+        f"error: --trainer.max_epochs is 1 but {last} is at epoch {epoch}: resume with the run's own length, "
+        "--trainer.max_epochs 2 (or more), or its settings, -c <run directory>/config.yaml"
+    )
+
+
+def test_a_run_made_shorter_says_how_to_keep_its_length():
+    assert is_shorter("trainer.max_epochs", 150, 20) and is_shorter("trainer.max_steps", -1, 100)
+    assert not is_shorter("trainer.max_epochs", 2, 3) and not is_shorter("trainer.max_steps", 100, -1)
 
 
 def test_an_allowed_change_is_applied(run_dir, capsys):

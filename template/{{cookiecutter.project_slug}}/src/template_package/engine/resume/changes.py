@@ -83,6 +83,7 @@ def check_resume_changes(config, checkpoint: dict, ckpt_path: str, allowed: list
             f"error: --{option} is {value!r} but {ckpt_path} was trained with {old!r}: a resumed run goes on exactly "
             f"only with its own settings; drop --{option}, or add --allow_change {option} to change it anyway"
         )
+    check_run_length(changed, checkpoint, ckpt_path)
     if changed:
         shown = ", ".join(f"{option} {old!r} -> {value!r}" for option, (old, value) in changed.items())
         note = " (no longer an exact resume)" if math else ""
@@ -93,8 +94,30 @@ def check_resume_changes(config, checkpoint: dict, ckpt_path: str, allowed: list
         ]  # (WarmupCosineSchedule's)
         if {"trainer.max_epochs", "trainer.max_steps"} & changed.keys() and lengths:
             note += f"; the LR schedule keeps its length ({max(lengths)} steps): steps past it train at its final rate"
+        shorter = [f"--{option} {old}" for option, (old, value) in changed.items() if is_shorter(option, old, value)]
+        if shorter:
+            note += f"; the run now ends sooner than it was started to: {' '.join(shorter)} keeps its length"
         print(f"resuming with changed settings: {shown}{note}")
     return list(changed)
+
+
+def is_shorter(option: str, old, new) -> bool:
+    """Whether a run-length option now ends the run sooner (None and -1 are no limit)."""
+    unlimited = (None, -1)
+    lengths = ("trainer.max_epochs", "trainer.max_steps")
+    return option in lengths and new not in unlimited and (old in unlimited or new < old)
+
+
+def check_run_length(changed: dict, checkpoint: dict, ckpt_path: str) -> None:
+    """A resume whose trainer.max_epochs is below the epoch the checkpoint is at stops in one line naming the length
+    the run was started with (Lightning's own error would not say what to pass)."""
+    old, new = changed.get("trainer.max_epochs", (None, None))
+    epoch = checkpoint.get("epoch", 0)
+    if new not in (None, -1) and epoch > new:
+        raise SystemExit(
+            f"error: --trainer.max_epochs is {new} but {ckpt_path} is at epoch {epoch}: resume with the run's own "
+            f"length, --trainer.max_epochs {old} (or more), or its settings, -c <run directory>/config.yaml"
+        )
 
 
 class ChangedModelSettings(Callback):
