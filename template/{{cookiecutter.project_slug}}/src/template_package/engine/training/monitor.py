@@ -4,7 +4,8 @@
   (`epoch=3-val_loss=1.2345.ckpt`) and which stops a run at its first validation (the sanity check's, before any
   training) when the model does not log that metric (Lightning's own stops only after the first epoch); without a
   metric to monitor, last.ckpt only.
-- `EarlyStopping`: Lightning's, which under the CLI follows checkpoint.monitor and checkpoint.mode unless given its own.
+- `EarlyStopping`: Lightning's, which under the CLI follows checkpoint.monitor and checkpoint.mode unless given its own,
+  and says when it stopped a run.
 The sweep's metric and direction follow them too (sweep/search.py).
 Depends on lightning and the engine's errors.py.
 """
@@ -134,6 +135,14 @@ class EarlyStopping(LightningEarlyStopping):
         if monitor is None or mode is None:
             raise UsageError("EarlyStopping needs monitor and mode (the CLI takes them from checkpoint.monitor/mode)")
         super().__init__(monitor=monitor, mode=mode, **kwargs)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Say that the run stopped early, and why: Lightning says so only in its log at info level, which a run does
+        not show, so an early stop read like a run that went its whole length."""
+        if self.stopping_reason_message and trainer.is_global_zero:  # (set when this callback stopped the run)
+            print(
+                f"notice: stopped early at epoch {self.stopped_epoch}: {self.stopping_reason_message}", file=sys.stderr
+            )
 
 
 def follow_the_monitored_metric(config) -> None:

@@ -1,5 +1,5 @@
-"""The best checkpoints (engine/training/monitor.py, BestCheckpoints): Lightning's check at each training batch runs
-only where a batch can save, and saving by steps still saves at those steps."""
+"""What a run optimises (engine/training/monitor.py): BestCheckpoints runs Lightning's check at each training batch only
+where a batch can save, and saving by steps still saves at those steps; EarlyStopping says when it stopped a run."""
 
 import lightning as L
 import pytest
@@ -7,7 +7,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader, TensorDataset
 
-from template_package.engine.training.monitor import BestCheckpoints
+from template_package.engine.training.monitor import BestCheckpoints, EarlyStopping
 
 
 class LogsItsLoss(L.LightningModule):
@@ -19,6 +19,9 @@ class LogsItsLoss(L.LightningModule):
         loss = self.layer(batch[0]).pow(2).mean()
         self.log("train_loss", loss)
         return loss
+
+    def validation_step(self, batch, batch_idx):
+        self.log("val_loss", 1.0)  # never improves
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.1)
@@ -44,3 +47,19 @@ def test_the_check_at_each_batch_runs_only_when_saving_by_steps(tmp_path, monkey
         assert len(checks) == 6 and saved == [2, 4, 6]
     else:
         assert checks == [] and saved == [6]  # (the epoch's end)
+
+
+def test_early_stopping_says_that_it_stopped_the_run(tmp_path, capsys):
+    stopper = EarlyStopping(monitor="val_loss", mode="min", patience=1)
+    trainer = L.Trainer(
+        max_epochs=10, callbacks=[stopper], logger=False, enable_progress_bar=False, enable_model_summary=False,
+        enable_checkpointing=False, default_root_dir=tmp_path,
+    )  # fmt: skip
+    data = DataLoader(TensorDataset(torch.rand(8, 4)), batch_size=4)
+    trainer.fit(LogsItsLoss(), data, data)
+    assert trainer.current_epoch == 2  # (epoch 0 set the best; epoch 1 did not improve on it: stop)
+    notice = [line for line in capsys.readouterr().err.splitlines() if line.startswith("notice: stopped early")]
+    assert notice == [
+        "notice: stopped early at epoch 1: Monitored metric val_loss did not improve in the last 1 records. Best "
+        "score: 1.000. Signaling Trainer to stop."
+    ]
