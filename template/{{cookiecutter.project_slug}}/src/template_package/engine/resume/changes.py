@@ -42,10 +42,11 @@ MATH = [
 # How data is loaded, not which data: these data options may change on a resume (with a notice), and validate, test
 # and predict never take them from a checkpoint. A DataModule adds its own with a class attribute `loading_options`.
 LOADING_OPTIONS = ("num_workers", "pin_memory", "persistent_workers", "prefetch_factor")
+RUN_LENGTH = ("trainer.max_epochs", "trainer.max_steps")
+NO_LIMIT = (None, -1)  # a run-length option's values that set no limit
 # Shown when they change, then applied.
 NOTICED = [
-    "trainer.max_epochs",
-    "trainer.max_steps",
+    *RUN_LENGTH,
     "trainer.log_every_n_steps",
     "trainer.limit_val_batches",
     "trainer.check_val_every_n_epoch",
@@ -92,7 +93,7 @@ def check_resume_changes(config, checkpoint: dict, ckpt_path: str, allowed: list
             for schedule in checkpoint.get("lr_schedulers", [])
             if isinstance(schedule, dict) and schedule.get("total_steps")
         ]  # (WarmupCosineSchedule's)
-        if {"trainer.max_epochs", "trainer.max_steps"} & changed.keys() and lengths:
+        if set(RUN_LENGTH) & changed.keys() and lengths:
             note += f"; the LR schedule keeps its length ({max(lengths)} steps): steps past it train at its final rate"
         shorter = [f"--{option} {old}" for option, (old, value) in changed.items() if is_shorter(option, old, value)]
         if shorter:
@@ -102,10 +103,8 @@ def check_resume_changes(config, checkpoint: dict, ckpt_path: str, allowed: list
 
 
 def is_shorter(option: str, old, new) -> bool:
-    """Whether a run-length option now ends the run sooner (None and -1 are no limit)."""
-    unlimited = (None, -1)
-    lengths = ("trainer.max_epochs", "trainer.max_steps")
-    return option in lengths and new not in unlimited and (old in unlimited or new < old)
+    """Whether a run-length option now ends the run sooner."""
+    return option in RUN_LENGTH and new not in NO_LIMIT and (old in NO_LIMIT or new < old)
 
 
 def check_run_length(changed: dict, checkpoint: dict, ckpt_path: str) -> None:
@@ -113,7 +112,7 @@ def check_run_length(changed: dict, checkpoint: dict, ckpt_path: str) -> None:
     the run was started with (Lightning's own error would not say what to pass)."""
     old, new = changed.get("trainer.max_epochs", (None, None))
     epoch = checkpoint.get("epoch", 0)
-    if new not in (None, -1) and epoch > new:
+    if new not in NO_LIMIT and epoch > new:
         raise SystemExit(
             f"error: --trainer.max_epochs is {new} but {ckpt_path} is at epoch {epoch}: resume with the run's own "
             f"length, --trainer.max_epochs {old} (or more), or its settings, -c <run directory>/config.yaml"
