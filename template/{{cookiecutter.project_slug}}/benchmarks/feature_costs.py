@@ -73,8 +73,9 @@ class HookTimer(L.Callback):
         for callback in trainer.callbacks:
             if callback is not self:
                 for hook in HOOKS:
-                    key = (type(callback).__name__, kind(hook))
-                    setattr(callback, hook, timed(key, getattr(callback, hook), self.overhead))
+                    if getattr(callback, hook) is not None:  # (None: a batch hook Lightning skips, see internals.py)
+                        key = (type(callback).__name__, kind(hook))
+                        setattr(callback, hook, timed(key, getattr(callback, hook), self.overhead))
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.started, self.steps_before = time.perf_counter(), trainer.global_step

@@ -295,7 +295,35 @@ PINNED = [
         attribute="procs",
         why="the processes the launcher started, which its watcher reads: as above",
     ),
+    Pinned(
+        "lightning.pytorch.trainer.call",
+        "_call_callback_hooks",
+        parameters=("trainer", "hook_name", "args", "monitoring_callbacks", "kwargs"),
+        why="calls each callback's hook unless it is not callable, which `leave_out_empty_batch_hooks` relies on: "
+        "Lightning has no public way to say which hooks a callback uses",
+    ),
 ]
+
+
+# The hooks Lightning calls on every callback at every batch, whether the callback implements them or not.
+BATCH_HOOKS = (
+    "on_train_batch_start", "on_before_backward", "on_after_backward", "on_before_optimizer_step",
+    "on_before_zero_grad", "on_train_batch_end", "on_validation_batch_start", "on_validation_batch_end",
+    "on_test_batch_start", "on_test_batch_end", "on_predict_batch_start", "on_predict_batch_end",
+)  # fmt: skip
+
+
+def leave_out_empty_batch_hooks(callbacks: list) -> None:
+    """Set to None, on each callback, the batch hooks its class leaves as Callback's empty ones. Lightning calls each
+    of them at every batch (six a training batch per callback) and skips a hook that is not callable
+    (`_call_callback_hooks`): the Trainer's cost of a batch then grows with the hooks the callbacks implement, not with
+    the number of callbacks. (A subclass's `super()` call still finds the class's method; only the instance's
+    attribute is None.)"""
+    for callback in callbacks:
+        own = getattr(callback, "__dict__", None)  # (a callback with __slots__ only is left as it is)
+        for hook in BATCH_HOOKS if own is not None else ():
+            if hook not in own and getattr(type(callback), hook, None) is getattr(L.Callback, hook):
+                setattr(callback, hook, None)
 
 
 def batches_that_stepped(trainer: L.Trainer) -> int:

@@ -10,6 +10,8 @@
   schedules' length and, when it optimizes manually, the configured clipping (run_settings.py);
 - the checkpoint callbacks in the order Lightning expects: `trainer.checkpoint_callback` (what `ckpt_path="best"`
   reads) is the best checkpoints' ModelCheckpoint, and `LastCheckpoint` comes after it;
+- each callback's batch hooks called only where its class implements them (internals.leave_out_empty_batch_hooks):
+  Lightning calls every callback's six training-batch hooks at every batch, empty or not;
 - a DataModule's prepare_data that leaves the global random generators and the multiprocessing start method as they
   were (data/preparing.py), so that the first run trains like every later one.
 """
@@ -27,15 +29,14 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 from ..data.loaders import ResumableLoaders
 from ..data.preparing import keeping_global_state
 from ..errors import UsageError
-from ..internals import wrap_prepare_data
+from ..internals import leave_out_empty_batch_hooks, wrap_prepare_data
 from ..resume.durable import DurableCheckpointIO
 from ..resume.last_checkpoint import LastCheckpoint
 from ..resume.trained_state import TrainedState
 from .manual import keep_clipping_aside
 from .run_settings import RunSettings
 
-# The engine's own callbacks: added to every run that does not list one of the same class. (Few: Lightning calls
-# every hook of every callback at every step, overridden or not.)
+# The engine's own callbacks: added to every run that does not list one of the same class.
 ENGINE_CALLBACKS = (TrainedState, ResumableLoaders, RunSettings)
 DEFAULT_EPOCHS = 20  # when neither max_epochs nor max_steps is given (Lightning's own: 1000)
 # The precisions Lightning's Trainer takes, as its signature types them (without None).
@@ -154,6 +155,8 @@ class Trainer(L.Trainer):
         )  # fmt: skip
         # The first run, which prepares the data, must train like every later one (data/preparing.py).
         wrap_prepare_data(self, keeping_global_state)
+        # Lightning calls every callback's batch hooks at every batch: only those a callback implements are called.
+        leave_out_empty_batch_hooks(self.callbacks)
 
     fit = _described(
         _fit,
