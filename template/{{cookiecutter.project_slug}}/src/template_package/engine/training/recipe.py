@@ -150,6 +150,42 @@ def scheduled_accumulation_steps(trainer: L.Trainer) -> float:
 LOG_WINDOW = "recipe_log_window"  # the checkpoint's key for the counts since the last logged step
 
 
+class LogWindow:
+    """What the recipe gathers between two logged steps. A plain object: an attribute written on a LightningModule
+    goes through nn.Module.__setattr__, which looks for parameters and submodules, at every step. The gradient norms
+    stay on the device, and are compared with the clipping value only when a logged step (or a checkpoint) reads the
+    clip share, so that a step adds no tensor operation and no sync."""
+
+    FOLDED = 1000  # norms kept at most: beyond, they are counted (a run whose loggers never write)
+
+    def __init__(self, clipped: int = 0, steps: int = 0) -> None:
+        self.norms: list[Tensor] = []  # each optimizer step's total gradient norm since the last log
+        self.clipped: int | Tensor = clipped  # clipped steps before `norms` (a resumed window's, folded ones)
+        self.steps = steps  # optimizer steps before `norms`
+        self.last_norm: Tensor | None = None
+        self.metrics: dict[str, float | Tensor] = {}  # the logged step's metrics gathered so far
+        self.loss: Tensor | None = None  # the accumulation window's loss so far, on the device
+        self.step_at_batch_start = 0
+
+    def add(self, norm: Tensor, clip_val: float | None) -> None:
+        self.norms.append(norm)
+        self.last_norm = norm
+        if len(self.norms) >= self.FOLDED:
+            self.clipped, self.steps = self.clip_counts(clip_val)
+            self.norms = []
+
+    def clip_counts(self, clip_val: float | None) -> tuple[int | Tensor, int]:
+        """The clipped optimizer steps since the last log (by norm, at `clip_val`; None or 0: none) and all of
+        them."""
+        clipped = self.clipped
+        if clip_val and self.norms:
+            clipped = clipped + (torch.stack(self.norms) > clip_val).sum()
+        return clipped, self.steps + len(self.norms)
+
+    def restart(self) -> None:
+        self.norms, self.clipped, self.steps = [], 0, 0
+
+
 class TrainingRecipe(L.LightningModule):
     """A LightningModule with the project's training recipe (see the module docstring). A subclass takes the recipe's
     settings as keyword arguments and passes them on, so that they are options of its own (`--model.lr 0.01`):
@@ -184,12 +220,7 @@ class TrainingRecipe(L.LightningModule):
         super().__init__()
         self.lr, self.weight_decay, self.warmup, self.min_lr_ratio = lr, weight_decay, warmup, min_lr_ratio
         self.fused_optimizer, self.lr_scale = fused_optimizer, dict(lr_scale or {})
-        self.grad_norm: Tensor | None = None  # the total gradient norm of the last step that computed it
-        self._clipped_steps: Tensor | int = 0  # for train/clip_share: clipped optimizer steps since the last log
-        self._steps_since_log = 0
-        self._step_metrics: dict[str, Tensor] = {}
-        self._window_loss: Tensor | None = None  # the accumulation window's mean loss so far, on the device
-        self._step_at_batch_start = 0
+        self._log = LogWindow()
 
     def configure_optimizers(self):
         groups = weight_decay_groups(self, self.weight_decay, self.lr, self.lr_scale)
@@ -211,17 +242,24 @@ class TrainingRecipe(L.LightningModule):
     def on_train_start(self) -> None:
         set_schedule_lengths(self.trainer)  # (done already under the engine's Trainer; here for a plain Trainer)
 
+    @property
+    def grad_norm(self) -> Tensor | None:
+        """The total gradient norm of the last optimizer step that computed it."""
+        return self._log.last_norm
+
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         """The logging window's counts for train/clip_share: a checkpoint inside a window (between two logged steps)
         resumes a run whose next logged share covers the whole window, as the uninterrupted run's does."""
-        checkpoint[LOG_WINDOW] = {"clipped_steps": int(self._clipped_steps), "steps": self._steps_since_log}
+        by_norm = self.trainer.gradient_clip_algorithm != "value"
+        clipped, steps = self._log.clip_counts(self.trainer.gradient_clip_val if by_norm else None)
+        checkpoint[LOG_WINDOW] = {"clipped_steps": int(clipped), "steps": steps}
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         window = checkpoint.get(LOG_WINDOW, {"clipped_steps": 0, "steps": 0})  # (none in a checkpoint made before)
-        self._clipped_steps, self._steps_since_log = window["clipped_steps"], window["steps"]
+        self._log = LogWindow(window["clipped_steps"], window["steps"])
 
     def on_train_batch_start(self, batch, batch_idx: int) -> None:
-        self._step_at_batch_start = self.trainer.global_step
+        self._log.step_at_batch_start = self.trainer.global_step
 
     def on_before_backward(self, loss: Tensor) -> None:
         # Stop before a NaN/inf reaches the weights, so the last checkpoint stays the last good state. (One
@@ -247,7 +285,7 @@ class TrainingRecipe(L.LightningModule):
         norm, so it costs nothing more; it stays on the device until a logged step reads it."""
         logging = self._is_logging_step()  # (global_step counts this optimizer step only after it)
         if logging:  # the rate this step is taken with (the schedule steps before on_train_batch_end)
-            self._step_metrics = group_lrs(optimizer.param_groups)
+            self._log.metrics = group_lrs(optimizer.param_groups)
         plugin = self.trainer.precision_plugin
         if type(plugin).clip_grad_by_norm is not Precision.clip_grad_by_norm:  # FSDP's or DeepSpeed's own clipping
             self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
@@ -260,15 +298,13 @@ class TrainingRecipe(L.LightningModule):
         norm_clip = gradient_clip_val if gradient_clip_val and not by_value else float("inf")
         if logging or not by_value:
             norm = torch.nn.utils.clip_grad_norm_(params, norm_clip)
-            self.grad_norm = norm
-            if gradient_clip_val and not by_value:  # counted on the device: no sync until a logged step reads it
-                self._clipped_steps = self._clipped_steps + (norm > gradient_clip_val)
-            self._steps_since_log += 1
+            self._log.add(norm, gradient_clip_val if not by_value else None)
             if logging:
-                self._step_metrics["train/grad_norm"] = norm
+                self._log.metrics["train/grad_norm"] = norm
+                clipped, steps = self._log.clip_counts(gradient_clip_val if not by_value else None)
                 if not by_value:
-                    self._step_metrics["train/clip_share"] = self._clipped_steps / self._steps_since_log
-                self._clipped_steps, self._steps_since_log = 0, 0
+                    self._log.metrics["train/clip_share"] = clipped / steps
+                self._log.restart()
         if by_value and gradient_clip_val:
             torch.nn.utils.clip_grad_value_(params, gradient_clip_val)
 
@@ -276,20 +312,20 @@ class TrainingRecipe(L.LightningModule):
         """After an optimizer step the loggers write: train/loss, lr and the gradient metrics. Written straight to
         the loggers, as Lightning's own LearningRateMonitor does: these values are looked at, not monitored, so
         they are not in `trainer.callback_metrics`."""
+        log = self._log
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
         if isinstance(loss, Tensor):  # Lightning divides each batch's loss by the accumulation: summed, their mean
             loss = loss.detach()
-            self._window_loss = loss if self._window_loss is None else self._window_loss + loss
-        if self.trainer.global_step == self._step_at_batch_start:  # inside an accumulation window: no optimizer step
+            log.loss = loss if log.loss is None else log.loss + loss
+        if self.trainer.global_step == log.step_at_batch_start:  # inside an accumulation window: no optimizer step
             return
-        window_loss, self._window_loss = self._window_loss, None
+        window_loss, log.loss = log.loss, None
         every, step = self.trainer.log_every_n_steps, logged_step(self.trainer)  # (Lightning's x-axis: steps.py)
         if not (self.trainer.fast_dev_run or (every > 0 and (step + 1) % every == 0)):
             return
-        metrics = dict(self._step_metrics)
+        metrics, log.metrics = log.metrics, {}
         if window_loss is not None:  # every process's share of the global batch (every process logs the same steps)
             metrics["train/loss"] = self.trainer.strategy.reduce(window_loss, reduce_op="mean")
-        self._step_metrics = {}
         values = {name: float(value) for name, value in metrics.items()}
         for logger in self.loggers:
             logger.log_metrics(values, step=step)
