@@ -4,6 +4,7 @@ where a batch can save, and saving by steps still saves at those steps; EarlySto
 import lightning as L
 import pytest
 import torch
+from conftest import QUICK, cli, extra_config
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -63,3 +64,14 @@ def test_early_stopping_says_that_it_stopped_the_run(tmp_path, capsys):
         "notice: stopped early at epoch 1: Monitored metric val_loss did not improve in the last 1 records. Best "
         "score: 1.000. Signaling Trainer to stop."
     ]
+
+
+def test_a_model_checkpoint_of_the_users_leaves_the_runs_best_checkpoints_in_charge(tmp_path):
+    """The run's monitor (`--checkpoint.*`) decides `trainer.checkpoint_callback`, which `ckpt_path="best"`, the end of
+    run's summary and the sweeps read, whatever ModelCheckpoint the config adds before it."""
+    theirs = {"monitor": "val/loss", "dirpath": str(tmp_path / "theirs"), "filename": "{epoch}", "save_top_k": -1}
+    config = extra_config(tmp_path / "theirs.yaml", callbacks=[{"class_path": f"{ModelCheckpoint.__module__}."
+                                                                f"ModelCheckpoint", "init_args": theirs}])  # fmt: skip
+    trainer = cli("fit", f"--trainer.default_root_dir={tmp_path / 'run'}", *QUICK, "-c", config).trainer
+    assert isinstance(trainer.checkpoint_callback, BestCheckpoints) and trainer.checkpoint_callback.monitor == "val/acc"
+    assert sorted(path.name for path in (tmp_path / "theirs").iterdir()) == ["epoch=0.ckpt", "epoch=1.ckpt"]

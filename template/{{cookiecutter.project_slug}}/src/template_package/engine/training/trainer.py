@@ -9,7 +9,7 @@
   that resumes exactly (data/loaders.py), and the run's settings a module cannot see when it is built: its
   schedules' length and, when it optimizes manually, the configured clipping (run_settings.py);
 - the checkpoint callbacks in the order Lightning expects: `trainer.checkpoint_callback` (what `ckpt_path="best"`
-  reads) is the best checkpoints' ModelCheckpoint, and `LastCheckpoint` comes after it;
+  reads) is the best checkpoints' ModelCheckpoint, before any the config adds, and `LastCheckpoint` comes last;
 - each callback's batch hooks called only where its class implements them (internals.leave_out_empty_batch_hooks):
   Lightning calls every callback's six training-batch hooks at every batch, empty or not;
 - a DataModule's prepare_data that leaves the global random generators and the multiprocessing start method as they
@@ -34,6 +34,7 @@ from ..resume.durable import DurableCheckpointIO
 from ..resume.last_checkpoint import LastCheckpoint
 from ..resume.trained_state import TrainedState
 from .manual import keep_clipping_aside
+from .monitor import BestCheckpoints
 from .run_settings import RunSettings
 
 # The engine's own callbacks: added to every run that does not list one of the same class.
@@ -53,6 +54,12 @@ def auto_precision() -> str:
 
 
 CHECKPOINT_CALLBACKS = (ModelCheckpoint, LastCheckpoint)
+
+
+def checkpoint_order(callback: L.Callback) -> int:
+    """The engine's best checkpoints before any other ModelCheckpoint, LastCheckpoint after every other callback."""
+    kinds = (BestCheckpoints, ModelCheckpoint, LastCheckpoint)
+    return next((place for place, kind in enumerate(kinds, 1) if isinstance(callback, kind)), 0)
 
 
 def _described(method, description: str):
@@ -127,8 +134,9 @@ class Trainer(L.Trainer):
                 kwargs["callbacks"] = [c for c in kwargs["callbacks"] if not isinstance(c, kinds)]
         callbacks = list(kwargs.get("callbacks") or [])
         callbacks += [kind() for kind in ENGINE_CALLBACKS if not any(isinstance(c, kind) for c in callbacks)]
-        # Lightning runs Checkpoint callbacks last, in their order: the best checkpoints' first.
-        kwargs["callbacks"] = sorted(callbacks, key=lambda callback: isinstance(callback, LastCheckpoint))
+        # Lightning runs Checkpoint callbacks last, in their order, and its first ModelCheckpoint is the run's
+        # `checkpoint_callback`: the run's best checkpoints (the CLI's `--checkpoint`) first, last.ckpt's last.
+        kwargs["callbacks"] = sorted(callbacks, key=checkpoint_order)
         plugins = kwargs.get("plugins") or []
         plugins = plugins if isinstance(plugins, list) else [plugins]
         if not any(isinstance(plugin, CheckpointIO) for plugin in plugins):
