@@ -167,11 +167,12 @@ def log_steps_against_last_ckpt(run_dir: Path, monkeypatch) -> list[tuple[int, i
     """Train with a checkpoint every 2 steps; at every write to TensorBoard, (the step written, the step last.ckpt
     holds then). The model also logs its loss with `self.log`, as a user's own metric would be: Lightning writes
     those after on_train_batch_end, where the checkpoint is taken."""
-    from lightning.pytorch.loggers import TensorBoardLogger
     from stand_in import StandInClassifier
 
+    from template_package.engine.report.loggers import RunTensorBoardLogger
+
     last, seen = run_dir / "checkpoints" / "last.ckpt", []
-    log_metrics, training_step = TensorBoardLogger.log_metrics, StandInClassifier.training_step
+    log_metrics, training_step = RunTensorBoardLogger.log_metrics, StandInClassifier.training_step
 
     def training_step_with_a_users_metric(self, batch, batch_idx):
         loss = training_step(self, batch, batch_idx)
@@ -182,7 +183,7 @@ def log_steps_against_last_ckpt(run_dir: Path, monkeypatch) -> list[tuple[int, i
         seen.append((step, torch.load(last, weights_only=True)["global_step"] if last.exists() else 0))
         return log_metrics(self, metrics, step)
 
-    monkeypatch.setattr(TensorBoardLogger, "log_metrics", spy)
+    monkeypatch.setattr(RunTensorBoardLogger, "log_metrics", spy)
     monkeypatch.setattr(StandInClassifier, "training_step", training_step_with_a_users_metric)
     cli("fit", f"--trainer.default_root_dir={run_dir}", "--last_checkpoint.every_n_steps=2",
         "--trainer.log_every_n_steps=1", *QUICK)  # fmt: skip

@@ -81,7 +81,7 @@ def reporting_defaults() -> dict:
     (The Trainer's own defaults, in its signature: training/trainer.py; the seed: build_cli.)"""
     tensorboard = {"save_dir": ".", "name": "", "version": "", "default_hp_metric": False}  # events in the run dir
     return {
-        "trainer.logger": [{"class_path": "lightning.pytorch.loggers.TensorBoardLogger", "init_args": tensorboard}],
+        "trainer.logger": [{"class_path": f"{ENGINE}.report.loggers.RunTensorBoardLogger", "init_args": tensorboard}],
         "trainer.callbacks": [
             {"class_path": f"{ENGINE}.report.progress.TimedProgressBar"},
             {"class_path": f"{ENGINE}.report.throughput.Throughput"},

@@ -1,8 +1,11 @@
 """Loggers that resume with their run: a run killed and resumed with `fit --ckpt_path last` shows every step once.
 
 A resumed run logs again every step from its checkpoint's on, and the killed run may have logged some of them
-already. TensorBoard hides those itself (`purge_step`, which the CLI sets); these two do the same for CSV and MLflow:
+already. TensorBoard hides those itself (`purge_step`, which the CLI sets); the CSV and MLflow loggers do the same:
 
+- `RunTensorBoardLogger`, the default: Lightning's TensorBoardLogger writing each call's scalars as one event.
+  Lightning's writes an event per scalar (torch's `add_scalar`), each built, serialized and checksummed in Python on
+  its own, so that a logged step's several scalars cost several times one event (benchmarks/logger_writes.py).
 - `RunCSVLogger`: `metrics.csv` in the run directory. Lightning's CSVLogger deletes an existing metrics.csv when it
   starts in a folder that is not empty, so a resumed run lost everything logged before; this one keeps the rows
   before `purge_step` and drops the others, which the resumed run logs again.
@@ -10,17 +13,47 @@ already. TensorBoard hides those itself (`purge_step`, which the CLI sets); thes
   delete a logged value, so a step the MLflow run already holds is not logged again: a resumed run logs the same
   values it logged before it was killed (exact resume), so nothing is lost and nothing appears twice.
 
-Depends on lightning (and mlflow, for RunMLFlowLogger: `pip install -e ".[mlflow]"`).
+Depends on lightning, torch and tensorboard (and mlflow, for RunMLFlowLogger: `pip install -e ".[mlflow]"`).
 """
 
 import csv
 import importlib.util
+import numbers
+from collections.abc import Mapping
 from pathlib import Path
 
 from lightning.fabric.utilities.cloud_io import get_filesystem
-from lightning.pytorch.loggers import CSVLogger, MLFlowLogger
+from lightning.pytorch.loggers import CSVLogger, MLFlowLogger, TensorBoardLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.loggers.logger import rank_zero_experiment
+from lightning.pytorch.utilities import rank_zero_only
+from tensorboard.compat.proto.summary_pb2 import Summary
+from torch import Tensor
+
+
+class RunTensorBoardLogger(TensorBoardLogger):
+    """Lightning's TensorBoardLogger, writing the scalars of each `log_metrics` call as one TensorBoard event (one
+    Summary of many values, as TensorFlow's merged summaries are): TensorBoard shows the same curves. A call with a
+    dict of values (Lightning's `add_scalars`) or a value that is not a number goes Lightning's way.
+
+    Args:
+        save_dir: the run directory; the CLI sets it. Every other argument is Lightning's TensorBoardLogger's and
+            torch's SummaryWriter's (`purge_step`, which the CLI sets on a resume).
+        prefix: put before every name, joined with "-", as Lightning's loggers do.
+    """
+
+    def __init__(self, save_dir: str = ".", prefix: str = "", **kwargs) -> None:
+        super().__init__(save_dir, prefix=prefix, **kwargs)
+        self.tag_prefix = f"{prefix}{self.LOGGER_JOIN_CHAR}" if prefix else ""
+
+    @rank_zero_only
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        file_writer = self.experiment.file_writer  # None once closed: Lightning's way opens another
+        if file_writer is None or not all(isinstance(value, Tensor | numbers.Number) for value in metrics.values()):
+            super().log_metrics(metrics, step)
+            return
+        values = [Summary.Value(tag=self.tag_prefix + name, simple_value=float(v)) for name, v in metrics.items()]
+        file_writer.add_summary(Summary(value=values), step)
 
 
 class _PurgingWriter(ExperimentWriter):

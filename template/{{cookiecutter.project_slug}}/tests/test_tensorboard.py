@@ -1,0 +1,52 @@
+"""The default logger, RunTensorBoardLogger: each `log_metrics` call is one TensorBoard event, and TensorBoard reads
+the same scalars as from Lightning's TensorBoardLogger, which writes an event per scalar."""
+
+import numpy as np
+import torch
+from conftest import scalars
+from lightning.pytorch.loggers import TensorBoardLogger
+from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+from template_package.engine.report.loggers import RunTensorBoardLogger
+
+CALLS = [
+    ({"train/loss": torch.tensor(2.5), "lr": 3e-3, "train/grad_norm": np.float32(0.75), "train/clip_share": 1}, 9),
+    ({"train/loss": torch.tensor([1.25]), "lr": 2e-3, "train/grad_norm": 0.5, "train/clip_share": 0.0}, 19),
+    ({"perf/epoch_seconds": 1.5}, 19),
+]
+
+
+def log_all(logger: TensorBoardLogger) -> None:
+    for metrics, step in CALLS:
+        logger.log_metrics(metrics, step=step)
+    logger.finalize("success")
+
+
+def events_with_values(run_dir) -> list[int]:
+    """The number of values of each event that holds scalars, in the order written."""
+    [path] = run_dir.glob("events.out.tfevents.*")
+    return [len(event.summary.value) for event in EventFileLoader(str(path)).Load() if event.summary.value]
+
+
+def test_each_call_is_one_event_that_tensorboard_reads_as_lightnings_logger_writes(tmp_path):
+    ours, lightnings = tmp_path / "ours", tmp_path / "lightnings"
+    log_all(RunTensorBoardLogger(str(ours), name="", version=""))
+    log_all(TensorBoardLogger(str(lightnings), name="", version=""))
+    assert events_with_values(ours) == [4, 4, 1]
+    assert events_with_values(lightnings) == [1] * 9
+    assert scalars(ours) == scalars(lightnings)
+    assert scalars(ours)["train/loss"] == [(9, 2.5), (19, 1.25)]
+
+
+def test_a_prefix_a_dict_and_a_write_after_finalize_read_as_lightnings_logger_writes(tmp_path):
+    def run(kind, run_dir) -> None:
+        logger = kind(str(run_dir), name="", version="", prefix="fold0")
+        logger.log_metrics({"val/acc": 0.5, "scores": {"a": 1.0, "b": 2.0}}, step=1)
+        logger.finalize("success")  # (closes the writer: a later fit or test in the process logs on)
+        logger.log_metrics({"test/acc": 0.75}, step=2)
+        logger.finalize("success")
+
+    run(RunTensorBoardLogger, tmp_path / "ours")
+    run(TensorBoardLogger, tmp_path / "lightnings")
+    assert scalars(tmp_path / "ours") == scalars(tmp_path / "lightnings")
+    assert scalars(tmp_path / "ours")["fold0-test/acc"] == [(2, 0.75)]
