@@ -95,4 +95,4 @@ def test_the_readmes_own_model_and_data_train_as_written(baked):
     assert result.returncode == 0, result.stderr[-3000:]
     accuracy = float(re.search(r"val/acc (\d\.\d+) at the end", result.stdout).group(1))
     assert accuracy > 0.8, result.stdout
-    assert (project / "runs" / "default" / "checkpoints" / "last.ckpt").is_file()
+    assert (project / "runs" / "mytask" / "checkpoints" / "last.ckpt").is_file()

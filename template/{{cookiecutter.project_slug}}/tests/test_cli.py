@@ -112,14 +112,15 @@ def test_ckpt_path_last_without_a_checkpoint_starts_fresh(run_dir: Path, capsys)
     assert (run_dir / "checkpoints" / "last.ckpt").is_file()
 
 
-def test_fresh_fit_refuses_to_overwrite_an_existing_run(run_dir: Path):
+def test_fresh_fit_refuses_to_overwrite_an_existing_run_and_a_smoke_run_leaves_it_as_it_was(run_dir: Path):
     cli("fit", f"--trainer.default_root_dir={run_dir}", *QUICK)
-    last = run_dir / "checkpoints" / "last.ckpt"
-    before = last.read_bytes()
+    files = {path: path.read_bytes() for path in run_dir.rglob("*") if path.is_file() and path.name != ".lock"}
     with pytest.raises(SystemExit) as stop:
         cli("fit", f"--trainer.default_root_dir={run_dir}", *QUICK)
     assert f"{run_dir} already holds a run" in str(stop.value.code) and "--ckpt_path last" in str(stop.value.code)
-    assert last.read_bytes() == before
+    cli("fit", f"--trainer.default_root_dir={run_dir}", "--trainer.fast_dev_run=true", *QUICK)
+    after = {path: path.read_bytes() for path in run_dir.rglob("*") if path.is_file() and path.name != ".lock"}
+    assert after == files and any(path.name == "last.ckpt" for path in files)
 
 
 def test_print_config_shows_the_resolved_defaults(capsys):

@@ -51,7 +51,8 @@ def how_to_look_at(logger: Logger, shown: Callable[[Path | str], str] = str) -> 
 
 
 def resolve_resume(config, shown: Callable[[Path | str], str] = str) -> None:
-    """Turn `--ckpt_path last` into this run's last.ckpt, and keep a fresh fit from overwriting a run."""
+    """Turn `--ckpt_path last` into this run's last.ckpt, and keep a fresh fit from overwriting a run (a smoke run,
+    `fast_dev_run`, writes no checkpoint, log or config: it may run in any run directory)."""
     last = Path(config.last_checkpoint.dirpath) / LastCheckpoint.FILENAME
     if config.ckpt_path == "last":
         if is_checkpoint(last):  # a file, or a sharded folder (a link to one)
@@ -59,7 +60,7 @@ def resolve_resume(config, shown: Callable[[Path | str], str] = str) -> None:
         else:
             print(f"fit --ckpt_path last: no {shown(last)} yet, starting a fresh run")
             config.ckpt_path = None
-    elif config.ckpt_path is None and is_checkpoint(last):
+    elif config.ckpt_path is None and is_checkpoint(last) and not config.trainer.fast_dev_run:
         raise SystemExit(
             f"error: {shown(last.parent.parent)} already holds a run ({shown(last)}): resume it with --ckpt_path "
             "last, or give a new --trainer.default_root_dir"

@@ -89,10 +89,11 @@ class RunCSVLogger(CSVLogger):
         save_dir: the run directory; the CLI sets it.
         purge_step: the step a resumed fit starts from: rows from it on are dropped (the CLI sets it; None keeps
             every row, for validate and test).
+        prefix: put before every name, joined with "-", as Lightning's loggers do.
     """
 
-    def __init__(self, save_dir: str = ".", purge_step: int | None = None) -> None:
-        super().__init__(save_dir, name="", version="", flush_logs_every_n_steps=1)
+    def __init__(self, save_dir: str = ".", purge_step: int | None = None, prefix: str = "") -> None:
+        super().__init__(save_dir, name="", version="", prefix=prefix, flush_logs_every_n_steps=1)
         self.purge_step = purge_step
 
     @property

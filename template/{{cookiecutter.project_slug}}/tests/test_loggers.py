@@ -1,5 +1,8 @@
-"""The default logger, RunTensorBoardLogger: each `log_metrics` call is one TensorBoard event, and TensorBoard reads
-the same scalars as from Lightning's TensorBoardLogger, which writes an event per scalar."""
+"""The engine's loggers as Lightning's: the default, RunTensorBoardLogger, writes each `log_metrics` call as one
+TensorBoard event, and TensorBoard reads the same scalars as from Lightning's TensorBoardLogger, which writes an event
+per scalar; RunCSVLogger takes Lightning's prefix. (Across a resume: tests/test_tracking.py.)"""
+
+import csv
 
 import numpy as np
 import torch
@@ -7,7 +10,7 @@ from conftest import scalars
 from lightning.pytorch.loggers import TensorBoardLogger
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
-from template_package.engine.report.loggers import RunTensorBoardLogger
+from template_package.engine.report.loggers import RunCSVLogger, RunTensorBoardLogger
 
 CALLS = [
     ({"train/loss": torch.tensor(2.5), "lr": 3e-3, "train/grad_norm": np.float32(0.75), "train/clip_share": 1}, 9),
@@ -50,3 +53,11 @@ def test_a_prefix_a_dict_and_a_write_after_finalize_read_as_lightnings_logger_wr
     run(TensorBoardLogger, tmp_path / "lightnings")
     assert scalars(tmp_path / "ours") == scalars(tmp_path / "lightnings")
     assert scalars(tmp_path / "ours")["fold0-test/acc"] == [(2, 0.75)]
+
+
+def test_the_csv_logger_puts_a_prefix_before_every_name_as_lightnings_loggers_do(tmp_path):
+    logger = RunCSVLogger(str(tmp_path), prefix="fold0")
+    logger.log_metrics({"val/acc": 0.5}, step=3)
+    logger.finalize("success")
+    with (tmp_path / "metrics.csv").open(newline="") as file:
+        assert list(csv.DictReader(file)) == [{"fold0-val/acc": "0.5", "step": "3"}]
