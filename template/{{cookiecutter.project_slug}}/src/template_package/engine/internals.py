@@ -143,17 +143,6 @@ PINNED = [
     Pinned(
         "lightning.pytorch.trainer.trainer",
         "Trainer",
-        attribute="_logger_connector",
-        why="whether the loggers write at this step: `log_every_n_steps` has no public test",
-    ),
-    Pinned(
-        "lightning.pytorch.trainer.connectors.logger_connector.logger_connector",
-        "_LoggerConnector.should_update_logs",
-        why="as above",
-    ),
-    Pinned(
-        "lightning.pytorch.trainer.trainer",
-        "Trainer",
         attribute="_data_connector",
         why="`prepare_data` is called by the trainer through it: no hook runs around it",
     ),
@@ -345,11 +334,6 @@ def swap_in_training_weights(callback, module: L.LightningModule) -> None:
     """During a validation, put the training weights back into `module` (a WeightAveraging swapped the averaged in)."""
     if callback._average_model is not None:
         callback._swap_models(module)
-
-
-def logs_this_step(trainer: L.Trainer) -> bool:
-    """Whether the loggers write at this training step (every `log_every_n_steps`, and at the last)."""
-    return trainer._logger_connector.should_update_logs
 
 
 def wrap_prepare_data(trainer: L.Trainer, wrap) -> None:

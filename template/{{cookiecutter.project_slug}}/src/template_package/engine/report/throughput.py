@@ -12,8 +12,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.profilers import PassThroughProfiler
 from lightning.pytorch.utilities.data import extract_batch_size
 
-from ..internals import logs_this_step
-from ..training.steps import logged_step
+from ..training.steps import logged_step, logs_this_step
 from .flops import peak_flops
 
 

@@ -29,6 +29,14 @@ def logged_step(trainer: L.Trainer) -> int:
     return training_steps(trainer) - 1
 
 
+def logs_this_step(trainer: L.Trainer) -> bool:
+    """Whether the loggers write at the current training batch's step: Lightning's rule in training, every
+    `log_every_n_steps` batches that stepped and when the run stops (its logger connector first works out the
+    active loop, a cost at every step)."""
+    every = trainer.log_every_n_steps
+    return every > 0 and ((batches_that_stepped(trainer) + 1) % every == 0 or trainer.should_stop)
+
+
 def steps_in(checkpoint: dict) -> int:
     """The training steps a checkpoint was taken after: where a run resumed from it logs on (its global step for a
     checkpoint written before the engine recorded them, the same under automatic optimization)."""
