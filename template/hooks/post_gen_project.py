@@ -18,8 +18,12 @@ OPTIONAL_PATHS = {
 }
 # Each task's folder (in the package and in tests/) and the files that only it uses.
 TASKS = {
-    "image_classifier": {"folder": "classifier", "only": ["benchmarks", "configs/compile.yaml", "docs/performance.md"]},
-    "char_lm": {"folder": "char_lm", "only": []},
+    "image_classifier": {
+        "folder": "classifier",
+        "only": ["benchmarks", "configs/compile.yaml", "docs/performance.md", "tests/helpers/classifier_task.py",
+                 "tests/helpers/golden.py"],
+    },
+    "char_lm": {"folder": "char_lm", "only": ["tests/helpers/char_lm_task.py"]},
 }
 JUNK = ("__pycache__", ".pytest_cache", ".ruff_cache", "lightning_logs", "runs", "*.egg-info")
 

@@ -4,7 +4,7 @@
 Reads epochs of a map-style dataset (a small image and a class per sample, noise drawn in `__getitem__`), batches
 only, no model, through the user's loader alone and through the engine's rebuild of it (data/loaders.resumable_loader:
 a StatefulDataLoader, a DrawnOrderSampler over the user's sampler, SeededSamples), one epoch of each per repeat,
-interleaved. For a WeightedRandomSampler and a length-bucketing batch sampler (tests/sampled_data.py), prints each
+interleaved. For a WeightedRandomSampler and a length-bucketing batch sampler (tests/helpers/sampled_data.py), prints each
 side's samples/s (median) and `ratio <x>`: the median of own/engine time per epoch, with its spread (the goal:
 >= 0.98); and the same against the engine's rebuild of a `shuffle=True` loader of the same samples, which seeds each
 sample's draws as well: what drawing the user's sampler adds.

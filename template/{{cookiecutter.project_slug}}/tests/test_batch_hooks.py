@@ -3,8 +3,8 @@ as before."""
 
 import lightning as L
 import pytest
+from helpers.stand_in import StandInClassifier, StandInData
 from lightning.pytorch.profilers import Profiler
-from stand_in import StandInClassifier, StandInData
 
 from template_package.engine.internals import BATCH_HOOKS, leave_out_empty_batch_hooks
 from template_package.engine.report.progress import TimedProgressBar

@@ -5,7 +5,7 @@ CVE-2026-58659) stops with one line, and nothing it names runs; one that records
 
 import pytest
 import torch
-from conftest import QUICK, cli
+from helpers.cli import QUICK, cli
 
 from template_package.engine.cli import export
 
@@ -49,8 +49,8 @@ COMMANDS = {
         [
             f"--ckpt_path={ckpt}",
             f"--output={run_dir / 'model.pt2'}",
-            "--model=stand_in.StandInClassifier",
-            "--data=stand_in.StandInData",
+            "--model=helpers.stand_in.StandInClassifier",
+            "--data=helpers.stand_in.StandInData",
         ]
     ),  # fmt: skip
 }
@@ -85,7 +85,8 @@ def test_another_class_of_the_project_is_named_too(trained, tmp_path):
         cli("validate", f"--trainer.default_root_dir={tmp_path / 'run'}", f"--ckpt_path={tmp_path / 'other.ckpt'}")
     assert str(stop.value.code) == (
         f"error: --ckpt_path {tmp_path / 'other.ckpt'} holds a model of class "
-        "template_package.classifier.model.ImageClassifier, and this command builds stand_in.StandInClassifier: "
+        "template_package.classifier.model.ImageClassifier, and this command builds "
+        "helpers.stand_in.StandInClassifier: "
         "give the run's own config (-c <run dir>/config.yaml) or --model with its class, or a checkpoint of this class"
     )
 
@@ -99,7 +100,7 @@ def test_a_checkpoint_that_records_no_class_still_loads(trained, tmp_path):
     torch.save(checkpoint, tmp_path / "old.ckpt")
     result = cli("validate", f"--trainer.default_root_dir={tmp_path / 'run'}", f"--ckpt_path={tmp_path / 'old.ckpt'}")
     assert "val/acc" in result.trainer.callback_metrics
-    checkpoint["hyper_parameters"]["_class_path"] = "renamed_project.StandInClassifier"  # another package name
+    checkpoint["hyper_parameters"]["_class_path"] = "renamed_project.stand_in.StandInClassifier"  # another package name
     torch.save(checkpoint, tmp_path / "renamed.ckpt")
     cli("validate", f"--trainer.default_root_dir={tmp_path / 'run'}", f"--ckpt_path={tmp_path / 'renamed.ckpt'}")
 

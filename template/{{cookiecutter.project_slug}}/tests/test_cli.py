@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import PROJECT_ROOT, QUICK, cli, cli_subprocess, resume, scalars
+from helpers.cli import PROJECT_ROOT, QUICK, cli, cli_subprocess, resume, scalars
 from helpers.runs import log_steps_against_last_ckpt
 
 
@@ -16,7 +16,14 @@ def test_fit_writes_the_run_directory_contract(run_dir: Path, tmp_path: Path):
         {"class_path": f"template_package.engine.report.{name}"} for name in
         ("progress.TimedProgressBar", "confusion.ConfusionMatrixImage", "throughput.Throughput")]}}  # fmt: skip
     (tmp_path / "shipped.yaml").write_text(yaml.safe_dump(shipped))
-    cli("fit", f"--trainer.default_root_dir={run_dir}", *QUICK, "-c", str(tmp_path / "shipped.yaml"))
+    cli(
+        "fit",
+        f"--trainer.default_root_dir={run_dir}",
+        *QUICK,
+        "-c",
+        str(tmp_path / "shipped.yaml"),
+        "--checkpoint.save_top_k=2",
+    )
     assert (run_dir / "checkpoints" / "last.ckpt").is_file()
     assert "max_epochs: 2" in (run_dir / "config.yaml").read_text()
     logged = scalars(run_dir)
@@ -174,18 +181,20 @@ def test_a_class_switched_on_the_command_line_starts_from_its_own_defaults(capsy
     after the switch applies."""
     first = tmp_path / "first.yaml"
     first.write_text(yaml.safe_dump({
-        "model": {"class_path": "stand_in.StandInClassifier", "init_args": {"dropout": 0.1}},
-        "data": {"class_path": "stand_in.StandInData", "init_args": {"batch_size": 64}},
+        "model": {"class_path": "helpers.stand_in.StandInClassifier", "init_args": {"dropout": 0.1}},
+        "data": {"class_path": "helpers.stand_in.StandInData", "init_args": {"batch_size": 64}},
     }))  # fmt: skip
-    switched = printed_config(capsys, "-c", str(first), "--model", "stand_in.OwnDefaultsClassifier",
-                              "--data=stand_in.OwnDefaultsData")  # fmt: skip
+    switched = printed_config(capsys, "-c", str(first), "--model", "helpers.stand_in.OwnDefaultsClassifier",
+                              "--data=helpers.stand_in.OwnDefaultsData")  # fmt: skip
     assert switched["model"]["init_args"]["dropout"] == 0.3 and switched["data"]["init_args"]["batch_size"] == 16
-    given = printed_config(capsys, "-c", str(first), "--model=stand_in.OwnDefaultsClassifier", "--model.dropout=0.2")
+    given = printed_config(
+        capsys, "-c", str(first), "--model=helpers.stand_in.OwnDefaultsClassifier", "--model.dropout=0.2"
+    )
     assert given["model"]["init_args"]["dropout"] == 0.2
-    kept = printed_config(capsys, "-c", str(first), "--model=stand_in.StandInClassifier", "--data.batch_size=8")
+    kept = printed_config(capsys, "-c", str(first), "--model=helpers.stand_in.StandInClassifier", "--data.batch_size=8")
     assert kept["model"]["init_args"]["dropout"] == 0.1 and kept["data"]["init_args"]["batch_size"] == 8
     second = tmp_path / "second.yaml"
-    second.write_text(yaml.safe_dump({"model": {"class_path": "stand_in.OwnDefaultsClassifier"}}))
+    second.write_text(yaml.safe_dump({"model": {"class_path": "helpers.stand_in.OwnDefaultsClassifier"}}))
     assert printed_config(capsys, "-c", str(first), "-c", str(second))["model"]["init_args"]["dropout"] == 0.3
 
 
@@ -222,7 +231,7 @@ def test_early_stopping_preset_adds_to_the_default_callbacks(run_dir: Path):
 
 def assert_confusion_image_matches_the_model(run_dir: Path, checkpoint: dict) -> None:
     """The last image equals the row-normalised confusion matrix of the validated model, computed by hand."""
-    from stand_in import StandInClassifier, synthetic_images
+    from helpers.stand_in import StandInClassifier, synthetic_images
 
     model = StandInClassifier(num_classes=10, in_channels=1).eval()
     model.load_state_dict(checkpoint["state_dict"])

@@ -10,9 +10,9 @@ import lightning as L
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers.stand_in import StandInClassifier, StandInData
 from lightning.pytorch.loggers import Logger
 from lightning.pytorch.plugins.precision import MixedPrecision
-from stand_in import StandInClassifier, StandInData
 
 from template_package.engine.data.loaders import resumable_loader
 from template_package.engine.training.trainer import Trainer

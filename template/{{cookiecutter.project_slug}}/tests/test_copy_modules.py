@@ -15,6 +15,7 @@ from torch.utils.data import DataLoader
 
 import template_package
 from template_package.engine import LastCheckpoint, TrainedState
+from template_package.engine.cli.main import DEFAULT_CONFIG_VARIABLE
 
 ENGINE = Path(template_package.__path__[0]) / "engine"
 
@@ -126,7 +127,8 @@ def copied_engine(tmp_path: Path) -> tuple[Path, dict]:
     (package / "model.py").write_text(THEIR_MODEL)
     (project / "configs").mkdir()
     (project / "configs" / "default.yaml").write_text(THEIR_CONFIG)
-    return project, {**os.environ, "PYTHONPATH": str(project / "src"), "OMP_NUM_THREADS": "1"}  # not this src/
+    env = {name: value for name, value in os.environ.items() if name != DEFAULT_CONFIG_VARIABLE}  # (their own config)
+    return project, {**env, "PYTHONPATH": str(project / "src"), "OMP_NUM_THREADS": "1"}  # not this src/
 
 
 def their_command(project: Path, env: dict, *args: str) -> subprocess.CompletedProcess:

@@ -4,8 +4,8 @@ drawn again to check that its order repeats."""
 
 import pytest
 import torch
-from sampled_data import BucketBatches, SystemRandomSampler
-from stand_in import synthetic_images
+from helpers.sampled_data import BucketBatches, SystemRandomSampler
+from helpers.stand_in import synthetic_images
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler, SubsetRandomSampler, WeightedRandomSampler
 
 from template_package.engine.data.drawn_order import DrawnOrderSampler

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import cli, extra_config, resume, scalars
-from elastic_task import recorded_steps
+from helpers.cli import cli, extra_config, resume, scalars
+from helpers.elastic_task import recorded_steps
 from helpers.records import record
 from helpers.runs import DDP, finish, kill_when_frozen, start_fit
 from torch.utils.data import DataLoader, Dataset
@@ -20,8 +20,9 @@ from template_package.engine.training.batch_layout import BatchLayout
 
 # The stand-in without BatchNorm, each sample's index in its batch; 2 epochs of 19 global batches of 64 samples
 # (1,257 samples: the last 41 of each epoch's order are left out).
-TASK = ["--model=elastic_task.IndexedStandIn", "--data=elastic_task.IndexedStandInData", "--trainer.max_epochs=2",
-        "--trainer.limit_val_batches=2", "--trainer.log_every_n_steps=1", "--checkpoint.monitor=null"]  # fmt: skip
+TASK = ["--model=helpers.elastic_task.IndexedStandIn", "--data=helpers.elastic_task.IndexedStandInData",
+        "--trainer.max_epochs=2", "--trainer.limit_val_batches=2", "--trainer.log_every_n_steps=1",
+        "--checkpoint.monitor=null"]  # fmt: skip
 ON_2 = [*DDP, "--data.batch_size=32"]  # 2 x 32 x 1
 ON_1 = ["--data.batch_size=16", "--trainer.accumulate_grad_batches=4"]  # 1 x 16 x 4
 STEPS = 2 * 19
@@ -35,7 +36,7 @@ def killed_run(tmp_path: Path, args: list[str], step: int = 12, every: int = 5, 
     its last.ckpt then at step `saved`; its directory and records."""
     config, records = record(tmp_path, "killed")
     frozen = {"marker": str(tmp_path / "frozen"), "hook": "on_train_batch_end", "step": step}
-    freeze = {"class_path": "kill_points.FreezeAt", "init_args": frozen}
+    freeze = {"class_path": "helpers.kill_points.FreezeAt", "init_args": frozen}
     run_dir = tmp_path / "run"
     process = start_fit(run_dir, *TASK, *args, "-c", config, "-c", extra_config(tmp_path / "freeze.yaml", [freeze]),
                         f"--last_checkpoint.every_n_steps={every}")  # fmt: skip
@@ -262,7 +263,7 @@ def test_a_plain_module_with_clipping_acting_moved_from_two_processes_to_one_end
     """A plain LightningModule (AdamW, Lightning's clipping by norm at 1.0, acting on most steps), killed on 2
     processes and resumed on 1: its weights within TOLERANCE of the 2-process run that never stopped, as with
     clipping off (a clip of a partial gradient or of each micro-batch would differ by far more)."""
-    plain = [*TASK, "--model=elastic_task.PlainIndexed"]
+    plain = [*TASK, "--model=helpers.elastic_task.PlainIndexed"]
     reference = tmp_path / "reference"
     process = start_fit(reference, *plain, *ON_2)
     out, err = process.communicate(timeout=300)
@@ -284,10 +285,15 @@ def test_a_plain_module_with_clipping_acting_moved_from_two_processes_to_one_end
 def test_a_move_with_dropout_and_batch_norm_says_so_in_its_notices(tmp_path, capsys):
     """The stand-in with BatchNorm and dropout moved from 2 processes to 1: the first resumed step draws dropout's
     random numbers, and BatchNorm's statistics are per device; each is said once before the run goes on."""
-    task = [*TASK, "--model=stand_in.StandInClassifier", "--model.dropout=0.1", "--data=stand_in.StandInData"]
+    task = [
+        *TASK,
+        "--model=helpers.stand_in.StandInClassifier",
+        "--model.dropout=0.1",
+        "--data=helpers.stand_in.StandInData",
+    ]
     run_dir = tmp_path / "run"
     frozen = {"marker": str(tmp_path / "frozen"), "hook": "on_train_batch_end", "step": 7}
-    freeze = {"class_path": "kill_points.FreezeAt", "init_args": frozen}
+    freeze = {"class_path": "helpers.kill_points.FreezeAt", "init_args": frozen}
     process = start_fit(run_dir, *task, *ON_2, "-c", extra_config(tmp_path / "freeze.yaml", [freeze]),
                         "--last_checkpoint.every_n_steps=5")  # fmt: skip
     kill_when_frozen(process, tmp_path / "frozen")

@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import QUICK, cli, cli_subprocess
+from helpers.cli import QUICK, cli, cli_subprocess
 
-MODEL = "stand_in.StandInClassifier"
+MODEL = "helpers.stand_in.StandInClassifier"
 
 
 def error_line(*args: str) -> str:
@@ -165,7 +165,7 @@ def test_a_value_error_in_the_users_own_model_keeps_its_traceback(run_dir, when)
     """A `raise ValueError` in the user's model is a bug to find: the same error, with its traceback (in the model's
     own code, not jsonargparse's wrapper around a class that failed while it was built)."""
     with pytest.raises(ValueError, match=f"ValueError raised at {when}") as raised:
-        cli("fit", f"--trainer.default_root_dir={run_dir}", *QUICK, "--model=stand_in.FailingClassifier",
+        cli("fit", f"--trainer.default_root_dir={run_dir}", *QUICK, "--model=helpers.stand_in.FailingClassifier",
             f"--model.when={when}")  # fmt: skip
     assert type(raised.value) is ValueError
     assert raised.traceback[-1].path.name == "stand_in.py"
@@ -173,7 +173,7 @@ def test_a_value_error_in_the_users_own_model_keeps_its_traceback(run_dir, when)
 
 def test_a_bug_in_a_subprocess_prints_its_traceback(run_dir):
     result = cli_subprocess(
-        "fit", f"--trainer.default_root_dir={run_dir}", *QUICK, "--model=stand_in.FailingClassifier"
+        "fit", f"--trainer.default_root_dir={run_dir}", *QUICK, "--model=helpers.stand_in.FailingClassifier"
     )
     assert result.returncode == 1
     assert "Traceback (most recent call last)" in result.stderr and "in training_step" in result.stderr
@@ -182,14 +182,15 @@ def test_a_bug_in_a_subprocess_prints_its_traceback(run_dir):
 
 @pytest.mark.parametrize("when", ["init", "training_step"])
 def test_the_projects_own_error_type_raised_in_the_users_code_is_one_line(run_dir, when):
-    message = error_line("fit", f"--trainer.default_root_dir={run_dir}", *QUICK, "--model=stand_in.FailingClassifier",
-                         "--model.error=UsageError", f"--model.when={when}")  # fmt: skip
+    message = error_line("fit", f"--trainer.default_root_dir={run_dir}", *QUICK,
+                         "--model=helpers.stand_in.FailingClassifier", "--model.error=UsageError",
+                         f"--model.when={when}")  # fmt: skip
     assert message == f"error: UsageError raised at {when}"
 
 
 @pytest.mark.parametrize("data", ["LateClassesData", "UndeclaredClassesData"])  # None in __init__, or not there
 def test_a_value_the_data_sets_only_in_setup_stops_the_run_in_one_line(run_dir, data):
-    message = error_line("fit", f"--trainer.default_root_dir={run_dir}", *QUICK, f"--data=stand_in.{data}")
+    message = error_line("fit", f"--trainer.default_root_dir={run_dir}", *QUICK, f"--data=helpers.stand_in.{data}")
     assert message == (
         f"error: model.num_classes is left to the data, but {data}.num_classes is still None when the model is built "
         f"(a value set in setup(), which runs later): set self.num_classes in {data}.__init__, give "
@@ -200,8 +201,8 @@ def test_a_value_the_data_sets_only_in_setup_stops_the_run_in_one_line(run_dir, 
 
 
 def test_a_model_that_builds_its_layers_in_configure_model_takes_the_value_set_in_setup(run_dir):
-    cli("fit", f"--trainer.default_root_dir={run_dir}", *QUICK, "--data=stand_in.LateClassesData",
-        "--model=stand_in.LateHeadClassifier")  # fmt: skip
+    cli("fit", f"--trainer.default_root_dir={run_dir}", *QUICK, "--data=helpers.stand_in.LateClassesData",
+        "--model=helpers.stand_in.LateHeadClassifier")  # fmt: skip
     checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
     assert checkpoint["state_dict"]["net.8.weight"].shape[0] == 10
 
@@ -211,6 +212,14 @@ def test_a_model_that_builds_its_layers_in_configure_model_trains_under_ddp(run_
     """Each DDP rank's DataModule runs setup() once, before configure_model: every rank builds the same head."""
     from helpers.runs import DDP, finish, start_fit
 
-    finish(start_fit(run_dir, *QUICK, *DDP, "--data=stand_in.LateClassesData", "--model=stand_in.LateHeadClassifier"))
+    finish(
+        start_fit(
+            run_dir,
+            *QUICK,
+            *DDP,
+            "--data=helpers.stand_in.LateClassesData",
+            "--model=helpers.stand_in.LateHeadClassifier",
+        )
+    )
     checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
     assert checkpoint["state_dict"]["net.8.weight"].shape[0] == 10 and checkpoint["global_step"] > 0

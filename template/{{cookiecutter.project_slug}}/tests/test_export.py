@@ -3,7 +3,7 @@ LightningModule's."""
 
 import pytest
 import torch
-from conftest import QUICK, cli, extra_config
+from helpers.cli import QUICK, cli, extra_config
 
 from template_package.engine.cli.export import load_for_inference, run_exported
 

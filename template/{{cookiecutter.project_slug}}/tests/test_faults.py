@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import PROJECT_ROOT, QUICK, STAND_IN, cli, extra_config, resume, scalars, subprocess_env
+from helpers.cli import QUICK, STAND_IN, TESTS_CONFIG, cli, extra_config, resume, scalars, subprocess_env
 from helpers.disks import fill
 from helpers.runs import (
     BASE,
@@ -62,12 +62,12 @@ def saved_step(run_dir: Path) -> int:
 
 
 def failing_io(tmp_path: Path, **init_args) -> str:
-    plugin = {"class_path": "faults.FailingCheckpointIO", "init_args": init_args}
+    plugin = {"class_path": "helpers.faults.FailingCheckpointIO", "init_args": init_args}
     return extra_config(tmp_path / "failing_io.yaml", plugins=[plugin])
 
 
 def signal_at(tmp_path: Path, **init_args) -> str:
-    callback = {"class_path": "faults.SignalAt", "init_args": init_args}
+    callback = {"class_path": "helpers.faults.SignalAt", "init_args": init_args}
     return extra_config(tmp_path / f"signal_{init_args['hook']}.yaml", callbacks=[callback])
 
 
@@ -252,9 +252,12 @@ def test_a_second_ctrl_c_while_saving_aborts_at_once_and_keeps_the_last_complete
     """The first Ctrl-C (at step 8) starts the save of step 8, which stalls half-written; a second Ctrl-C ends the
     process at once: last.ckpt still holds step 5, byte for byte."""
     run_dir = tmp_path / "run"
-    ctrl_c = {"class_path": "faults.SignalAt",
+    ctrl_c = {"class_path": "helpers.faults.SignalAt",
               "init_args": {"hook": "on_train_batch_end", "signal_name": "SIGINT", "step": 8}}  # fmt: skip
-    stall = {"class_path": "faults.StallingCheckpointIO", "init_args": {"marker": str(tmp_path / "frozen"), "step": 8}}
+    stall = {
+        "class_path": "helpers.faults.StallingCheckpointIO",
+        "init_args": {"marker": str(tmp_path / "frozen"), "step": 8},
+    }
     process = start_fit(run_dir, "-c", extra_config(tmp_path / "c.yaml", callbacks=[ctrl_c], plugins=[stall]))
     wait_until_frozen(process, tmp_path / "frozen")
     good = last_ckpt(run_dir).read_bytes()
@@ -308,7 +311,7 @@ def test_a_finished_run_says_what_it_got_and_where_it_is(run_dir, capsys):
 def test_help_tells_the_truth(capsys):
     """`--help` says how the command is started, what the project is, every subcommand (the tools too), and for fit
     the options of the model and data classes the config names, each with its help text."""
-    from conftest import cli_subprocess
+    from helpers.cli import cli_subprocess
 
     top = cli_subprocess("--help").stdout
     from template_package.engine.cli.help import project_description
@@ -331,7 +334,7 @@ def test_help_tells_the_truth(capsys):
 
     from template_package.engine.cli.checks import class_options
 
-    configured = yaml.safe_load((PROJECT_ROOT / "configs" / "default.yaml").read_text())
+    configured = yaml.safe_load(TESTS_CONFIG.read_text())  # (the tests' default config)
     options = [line.split()[0] for line in fit_help.splitlines() if line.strip().startswith("--")]
     project_options = [o for o in options if o.split(".")[0] in ("--model", "--data", "--last_checkpoint")]
     for group in ("model", "data"):  # the configured class's own options, whatever the class
@@ -345,7 +348,7 @@ def test_help_tells_the_truth(capsys):
 
 
 def test_sweep_help_shows_the_sweeps_own_options():
-    from conftest import cli_subprocess
+    from helpers.cli import cli_subprocess
 
     result = cli_subprocess("sweep", "--help")
     assert result.returncode == 0, result.stderr

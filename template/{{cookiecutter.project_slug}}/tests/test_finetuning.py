@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import PROJECT_ROOT, QUICK, cli, resume, scalars
-from finetune_task import save_pretrained
+from helpers.cli import PROJECT_ROOT, QUICK, cli, resume, scalars
+from helpers.finetune_task import save_pretrained
 from helpers.runs import (
     assert_same_run,
     freeze_config,
@@ -43,7 +43,7 @@ def task(folder: Path, pretrained: Path, *callbacks: dict, batch_norm: bool = Fa
     text = yaml.safe_dump({"trainer": {"callbacks+": list(callbacks)}})
     config = folder / f"callbacks-{hashlib.sha256(text.encode()).hexdigest()[:12]}.yaml"  # (reference_run's key)
     config.write_text(text)
-    return ["--model=finetune_task.FineTuned", f"--model.backbone_path={pretrained}",
+    return ["--model=helpers.finetune_task.FineTuned", f"--model.backbone_path={pretrained}",
             f"--model.batch_norm={batch_norm}", "--trainer.max_epochs=4", "--trainer.limit_train_batches=6",
             "--last_checkpoint.every_n_steps=3", "-c", str(config)]  # fmt: skip
 
@@ -54,7 +54,7 @@ def finetuning(**init_args) -> dict:
 
 def test_the_group_backbone_finetuning_adds_joins_the_schedule_and_the_decay_rule(tmp_path, pretrained):
     run_dir = tmp_path / "run"
-    args = task(tmp_path, pretrained, finetuning(lambda_func="finetune_task.twice"))
+    args = task(tmp_path, pretrained, finetuning(lambda_func="helpers.finetune_task.twice"))
     cli("fit", f"--trainer.default_root_dir={run_dir}", *QUICK, *args, "--trainer.max_epochs=3",
         "--trainer.log_every_n_steps=1", "--trainer.enable_checkpointing=true")  # fmt: skip
     checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
@@ -101,7 +101,7 @@ def test_a_fine_tuning_run_killed_and_resumed_is_bit_identical(tmp_path, tmp_pat
 def test_a_base_finetuning_of_a_users_own_killed_after_its_unfreeze_resumes_bit_identical(
     tmp_path, tmp_path_factory, pretrained
 ):
-    args = task(tmp_path_factory.getbasetemp(), pretrained, {"class_path": "finetune_task.EncoderFinetuning"})
+    args = task(tmp_path_factory.getbasetemp(), pretrained, {"class_path": "helpers.finetune_task.EncoderFinetuning"})
     reference = reference_run(tmp_path_factory, args)
     run_dir = killed_run(tmp_path, args, *KILLS["mid_epoch_after_the_unfreeze"])
     resume_fit(run_dir, *args)
@@ -162,7 +162,7 @@ def killed_run(tmp_path: Path, args: list[str], freeze: dict, saved_step: int) -
 
 def test_a_hook_that_changes_an_lr_on_a_restart_stops_the_resumed_run_in_one_line(tmp_path, pretrained):
     run_dir = tmp_path / "run"
-    args = task(tmp_path, pretrained, {"class_path": "finetune_task.DoubleLrOnRestart"})
+    args = task(tmp_path, pretrained, {"class_path": "helpers.finetune_task.DoubleLrOnRestart"})
     cli("fit", f"--trainer.default_root_dir={run_dir}", *QUICK, *args, "--trainer.max_epochs=1")
     with pytest.raises(SystemExit) as stop:
         resume(run_dir, *QUICK, *args)

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from conftest import QUICK, cli, scalars
+from helpers.cli import QUICK, cli, scalars
 
 from template_package.engine.training.trainer import Trainer, auto_precision
 

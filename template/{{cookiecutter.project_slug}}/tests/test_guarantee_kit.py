@@ -8,13 +8,13 @@ import importlib.util
 
 import pytest
 import yaml
-from conftest import STAND_IN, subprocess_env
+from helpers.cli import STAND_IN, subprocess_env
 from helpers.warm_start import kit_runner
 
 from template_package.engine.guarantees import GuaranteeKit
 
 pytestmark = pytest.mark.slow
-GAN = ["--model=null", "--model=patterns.ManualGAN", "--checkpoint.monitor=null"]
+GAN = ["--model=null", "--model=helpers.patterns.ManualGAN", "--checkpoint.monitor=null"]
 
 
 def kit_on(tmp_path, *task: str) -> GuaranteeKit:
@@ -25,13 +25,13 @@ def test_unseeded_randomness_fails_the_repeat_check(tmp_path):
     """The dataset draws its noise from np.random.default_rng() with no seed."""
     with pytest.raises(AssertionError, match=r"two runs with the same settings differ: train/\S+ logged at step 1 .*"
                                              r"randomness that no seed reaches"):  # fmt: skip
-        kit_on(tmp_path, "--data=stand_in.DrawingStandInData", "--data.draw=unseeded").check_repeatable()
+        kit_on(tmp_path, "--data=helpers.stand_in.DrawingStandInData", "--data.draw=unseeded").check_repeatable()
 
 
 def test_a_generator_the_dataset_holds_fails_the_resume_and_workers_checks(tmp_path):
     """np.random.default_rng(0) kept by the dataset: a resumed run draws its first numbers again, and each loader
     worker draws from its own copy. Every stop breaks it, so the kit names the mid-epoch one and its cause."""
-    kit = kit_on(tmp_path, "--data=stand_in.DrawingStandInData", "--data.draw=held")
+    kit = kit_on(tmp_path, "--data=helpers.stand_in.DrawingStandInData", "--data.draw=held")
     resumed = (
         r"a run SIGKILLed mid-epoch after a checkpoint \(after 10 training steps\) and resumed differs from the "
         r"uninterrupted run: train/\S+ logged at step 9 .*a random generator the dataset or model keeps for itself"
@@ -43,7 +43,7 @@ def test_a_generator_the_dataset_holds_fails_the_resume_and_workers_checks(tmp_p
 
 
 def test_a_loader_without_state_fails_the_resume_check_with_the_engines_notice(tmp_path):
-    kit = kit_on(tmp_path, "--data=stand_in.UnresumableStandInData")
+    kit = kit_on(tmp_path, "--data=helpers.stand_in.UnresumableStandInData")
     said = r"differs from the uninterrupted run: .*the engine said: the train loader cannot resume exactly: it reads "
     with pytest.raises(AssertionError, match=said + "an iterable dataset without set_epoch"):
         kit.check_exact_resume()
@@ -52,7 +52,7 @@ def test_a_loader_without_state_fails_the_resume_check_with_the_engines_notice(t
 def test_a_module_that_keeps_state_between_logged_steps_fails_the_resume_check_naming_its_metric(tmp_path):
     """The kit's runs log every 2 steps, a window that its checkpoints cut: a mean over the window, kept in memory
     only, starts again at a resume (the recipe's own train/clip_share is kept in the checkpoint for this reason)."""
-    kit = kit_on(tmp_path, "--model=null", "--model=patterns.WindowMeanLoss")
+    kit = kit_on(tmp_path, "--model=null", "--model=helpers.patterns.WindowMeanLoss")
     with pytest.raises(AssertionError, match=r"uninterrupted run: train/window_loss logged at step \d+ "):
         kit.check_exact_resume()
 
@@ -60,7 +60,7 @@ def test_a_module_that_keeps_state_between_logged_steps_fails_the_resume_check_n
 def test_a_module_that_validates_with_swapped_weights_fails_only_the_stop_in_validation(tmp_path):
     """Swapped in at each validation's start and back at its end: the mid-epoch and epoch-end stops resume it
     exactly, the stop in validation saves it swapped."""
-    kit = kit_on(tmp_path, "--model=null", "--model=patterns.SwapsForValidation")
+    kit = kit_on(tmp_path, "--model=null", "--model=helpers.patterns.SwapsForValidation")
     stopped = r"a run stopped by SIGTERM during its last validation \(after 12 training steps\) and resumed "
     with pytest.raises(AssertionError, match=stopped + ".*Likely cause: state that validation changes"):
         kit.check_exact_resume()
@@ -117,9 +117,10 @@ def test_a_checkpoint_taken_in_validation_as_it_is_fails_only_the_stop_in_valida
         kit.check_exact_resume()
 
 
-# A stream (tests/stream_task.py): HF datasets streaming, made small for the kit by the DataModule's kit_options.
-STREAM = ["--model=null", "--model=stream_task.StreamModel", "--data=null", "--data=stream_task.HFStreamData",
-          "--checkpoint.monitor=val/loss", "--checkpoint.mode=min"]  # fmt: skip
+# A stream (helpers/stream_task.py): HF datasets streaming, made small for the kit by the DataModule's kit_options.
+STREAM = ["--model=null", "--model=helpers.stream_task.StreamModel", "--data=null",
+          "--data=helpers.stream_task.HFStreamData", "--checkpoint.monitor=val/loss",
+          "--checkpoint.mode=min"]  # fmt: skip
 needs_datasets = pytest.mark.skipif(
     importlib.util.find_spec("datasets") is None, reason="datasets is not installed: pip install -e '.[streaming]'"
 )
@@ -135,7 +136,7 @@ def stream_kit(tmp_path, *task: str) -> GuaranteeKit:
 def test_a_stream_read_as_a_real_run_reads_it_resumes_exactly_and_its_workers_are_not_compared(tmp_path):
     """No 6-batch limit (it would give the loader a length and switch Lightning's read-ahead off): the DataModule's
     kit_options make 6-batch epochs of its own, and max_steps gives the recipe's warmup-cosine schedule a length."""
-    kit = stream_kit(tmp_path, "--model=stream_task.RecipeStreamModel")
+    kit = stream_kit(tmp_path, "--model=helpers.stream_task.RecipeStreamModel")
     kit.check_exact_resume()
     assert "--trainer.limit_train_batches=6" not in kit.data_settings()
     assert kit.why_workers_not_compared().startswith("the train loader reads a stream: each loader worker builds")
@@ -143,9 +144,9 @@ def test_a_stream_read_as_a_real_run_reads_it_resumes_exactly_and_its_workers_ar
 
 @needs_datasets
 def test_a_stream_position_ahead_of_the_weights_fails_the_resume_check_naming_it(tmp_path):
-    """The engine's position fix off (stream_task.PositionAheadOfTheWeights: a checkpoint records one batch more than
-    trained, as the loader's own state did): the run resumed mid-epoch skips a batch, and the kit says so."""
-    kit = stream_kit(tmp_path, "--trainer.callbacks+=stream_task.PositionAheadOfTheWeights")
+    """The engine's position fix off (helpers.stream_task.PositionAheadOfTheWeights: a checkpoint records one batch more
+    than trained, as the loader's own state did): the run resumed mid-epoch skips a batch, and the kit says so."""
+    kit = stream_kit(tmp_path, "--trainer.callbacks+=helpers.stream_task.PositionAheadOfTheWeights")
     stopped = r"a run SIGKILLed mid-epoch after a checkpoint \(after 10 training steps\) and resumed differs from the "
     cause = r".*Likely cause: a position of the stream ahead of the weights"
     with pytest.raises(AssertionError, match=stopped + cause):
@@ -153,7 +154,7 @@ def test_a_stream_position_ahead_of_the_weights_fails_the_resume_check_naming_it
 
 
 def test_a_stream_without_kit_options_is_refused_naming_them(tmp_path):
-    task = [*STREAM, "--data=stream_task.IterableData"]
+    task = [*STREAM, "--data=helpers.stream_task.IterableData"]
     kit = GuaranteeKit(tmp_path / "kit", task, env=subprocess_env(), run=kit_runner)
     with pytest.raises(AssertionError, match=r"the train loader reads a stream, and the kit's 6-batch epochs would "
                                              r"give it a length.*class attribute kit_options"):  # fmt: skip
@@ -161,16 +162,16 @@ def test_a_stream_without_kit_options_is_refused_naming_them(tmp_path):
 
 
 def fine_tuning_task(tmp_path, unfreeze: int = 1) -> list[str]:
-    """finetune_task.FineTuned with Lightning's BackboneFinetuning unfreezing at epoch 1: the kit's stop after the
-    first epoch's end comes before the unfreeze, its mid-epoch one after it."""
-    from finetune_task import save_pretrained
+    """helpers.finetune_task.FineTuned with Lightning's BackboneFinetuning unfreezing at epoch 1: the kit's stop after
+    the first epoch's end comes before the unfreeze, its mid-epoch one after it."""
+    from helpers.finetune_task import save_pretrained
 
     config = tmp_path / "finetuning.yaml"
     callback = {"class_path": "lightning.pytorch.callbacks.BackboneFinetuning",
                 "init_args": {"unfreeze_backbone_at_epoch": unfreeze}}  # fmt: skip
     config.write_text(yaml.safe_dump({"trainer": {"callbacks+": [callback]}}))
     weights = save_pretrained(tmp_path / "backbone.pt")
-    return ["--model=finetune_task.FineTuned", f"--model.backbone_path={weights}", "-c", str(config)]
+    return ["--model=helpers.finetune_task.FineTuned", f"--model.backbone_path={weights}", "-c", str(config)]
 
 
 def test_a_fine_tuning_run_with_backbone_finetuning_passes_the_resume_check(tmp_path):
@@ -202,7 +203,7 @@ def test_a_backbone_left_frozen_on_resume_fails_the_resume_check_naming_the_froz
 
 
 def test_a_users_weighted_sampler_passes_the_resume_and_workers_checks(tmp_path):
-    kit = kit_on(tmp_path, "--data=sampled_data.WeightedData")
+    kit = kit_on(tmp_path, "--data=helpers.sampled_data.WeightedData")
     kit.check_exact_resume()
     kit.check_workers_agree()
 
@@ -214,5 +215,5 @@ needs_webdataset = pytest.mark.skipif(
 
 @needs_webdataset
 def test_a_seeded_webdataset_stream_passes_the_resume_check(tmp_path):
-    task = ["--data=null", "--data=webdataset_task.WebDatasetData", f"--data.folder={tmp_path / 'tars'}"]
+    task = ["--data=null", "--data=helpers.webdataset_task.WebDatasetData", f"--data.folder={tmp_path / 'tars'}"]
     GuaranteeKit(tmp_path / "kit", [*STREAM, *task], env=subprocess_env(), run=kit_runner).check_exact_resume()

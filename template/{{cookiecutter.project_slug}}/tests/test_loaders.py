@@ -6,9 +6,9 @@ import random
 import numpy as np
 import pytest
 import torch
-from conftest import QUICK, cli, extra_config
+from helpers.cli import QUICK, cli, extra_config
 from helpers.runs import weights_with_workers
-from stand_in import Noisy, synthetic_images
+from helpers.stand_in import Noisy, synthetic_images
 from torch.utils.data import BatchSampler, DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
@@ -152,9 +152,12 @@ def test_random_draws_in_workers_are_the_same_whatever_their_number(tmp_path):
 
 
 def test_a_loader_that_cannot_resume_exactly_gets_one_notice_before_training(run_dir, tmp_path, capsys):
-    marker = {"class_path": "kill_points.Say", "init_args": {"hook": "on_train_batch_start", "text": "first batch"}}
+    marker = {
+        "class_path": "helpers.kill_points.Say",
+        "init_args": {"hook": "on_train_batch_start", "text": "first batch"},
+    }
     config = extra_config(tmp_path / "say.yaml", callbacks=[marker])
-    cli("fit", f"--trainer.default_root_dir={run_dir}", *QUICK, "--data=stand_in.UnresumableStandInData",
+    cli("fit", f"--trainer.default_root_dir={run_dir}", *QUICK, "--data=helpers.stand_in.UnresumableStandInData",
         "-c", config, "--trainer.limit_train_batches=3")  # fmt: skip
     err = capsys.readouterr().err
     assert err.count("notice: the train loader cannot resume exactly") == 1, err
@@ -171,7 +174,7 @@ def test_a_loader_without_a_length_and_no_max_steps_gets_one_line_for_the_schedu
     """The warmup-cosine schedule needs the run's length: an iterable dataset's loader cannot give it."""
     with pytest.raises(SystemExit) as stop:
         cli("fit", f"--trainer.default_root_dir={run_dir}", *QUICK, "--trainer.limit_train_batches=1.0",
-            "--data=stand_in.UnresumableStandInData")  # fmt: skip
+            "--data=helpers.stand_in.UnresumableStandInData")  # fmt: skip
     assert str(stop.value.code) == (
         "error: the warmup-cosine schedule needs the run's length in optimizer steps, which a train loader without a "
         "length (a stream's) cannot give: set trainer.max_steps"

@@ -6,7 +6,7 @@ import csv
 
 import numpy as np
 import torch
-from conftest import scalars
+from helpers.cli import scalars
 from lightning.pytorch.loggers import TensorBoardLogger
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 

@@ -4,7 +4,7 @@ where a batch can save, and saving by steps still saves at those steps; EarlySto
 import lightning as L
 import pytest
 import torch
-from conftest import QUICK, cli, extra_config
+from helpers.cli import QUICK, cli, extra_config
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader, TensorDataset
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import PROJECT_ROOT, STAND_IN, WarmProcess, cli, extra_config, started, subprocess_env
+from helpers.cli import PROJECT_ROOT, STAND_IN, WarmProcess, cli, extra_config, started, subprocess_env
 from helpers.object_store import S3Server, TcpProxy, client_env
 from helpers.runs import assert_same_run, reference_run
 
@@ -77,7 +77,7 @@ def wait_for(condition, process, timeout: float = 300, what: str = "") -> None:
 
 
 def slowed(tmp_path: Path, seconds: float = 0.15) -> list[str]:
-    slow = {"class_path": "kill_points.SlowDown", "init_args": {"seconds": seconds}}
+    slow = {"class_path": "helpers.kill_points.SlowDown", "init_args": {"seconds": seconds}}
     return ["-c", extra_config(tmp_path / "slow.yaml", callbacks=[slow])]
 
 
@@ -118,7 +118,7 @@ def test_a_run_in_the_store_keeps_its_files_there_and_evaluates_from_there(bucke
 
 def test_a_second_fit_on_a_live_run_is_refused_in_one_line_and_writes_nothing(bucket, tmp_path, monkeypatch, capsys):
     url = f"s3://{bucket}/live"
-    freeze = {"class_path": "kill_points.FreezeAt", "init_args": {"marker": str(tmp_path / "frozen"),
+    freeze = {"class_path": "helpers.kill_points.FreezeAt", "init_args": {"marker": str(tmp_path / "frozen"),
               "hook": "on_train_batch_end", "step": 3}}  # fmt: skip
     first = started(WarmProcess(["fit", f"--trainer.default_root_dir={url}", *BASE,
                                  "-c", extra_config(tmp_path / "freeze.yaml", callbacks=[freeze])]))  # fmt: skip

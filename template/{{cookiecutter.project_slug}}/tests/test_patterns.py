@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import PROJECT_ROOT, QUICK, cli, extra_config
+from helpers.cli import PROJECT_ROOT, QUICK, cli, extra_config
 from helpers.runs import (
     assert_kill_and_resume_exact,
     assert_same_run,
@@ -20,9 +20,9 @@ from helpers.runs import (
     wait_until_frozen,
 )
 
-# The task's classes after the stand-in's (conftest.STAND_IN), which the helpers of test_resume.py put first.
-GAN = ["--model=null", "--model=patterns.ManualGAN", "--checkpoint.monitor=null"]
-HOOKS = ["--model=null", "--model=patterns.EpochHooksClassifier"]
+# The task's classes after the stand-in's (helpers.cli.STAND_IN), which the helpers of test_resume.py put first.
+GAN = ["--model=null", "--model=helpers.patterns.ManualGAN", "--checkpoint.monitor=null"]
+HOOKS = ["--model=null", "--model=helpers.patterns.EpochHooksClassifier"]
 EMA = ["-c", str(PROJECT_ROOT / "configs" / "ema.yaml")]
 BATCHES = 19  # the stand-in's batches an epoch
 TASKS = {"manual_gan": (GAN, 2), "epoch_hooks": (HOOKS, 1)}  # (options, optimizer steps a batch)
@@ -61,7 +61,7 @@ def test_a_signal_in_a_slow_validation_stops_within_a_batch_and_the_resumed_run_
     reference = reference_run(tmp_path_factory, args)
     run_dir, marker = tmp_path / "run", tmp_path / "frozen"
     frozen = {
-        "class_path": "kill_points.FreezeAt",
+        "class_path": "helpers.kill_points.FreezeAt",
         "init_args": {
             "marker": str(marker),
             "hook": "on_validation_batch_end",
@@ -70,7 +70,7 @@ def test_a_signal_in_a_slow_validation_stops_within_a_batch_and_the_resumed_run_
             "until_signal": True,
         },
     }
-    slow = {"class_path": "patterns.SlowValidation", "init_args": {"seconds": 3.0}}  # fmt: skip
+    slow = {"class_path": "helpers.patterns.SlowValidation", "init_args": {"seconds": 3.0}}  # fmt: skip
     process = start_fit(run_dir, "-c", extra_config(tmp_path / "slow.yaml", callbacks=[frozen, slow]), *args)
     wait_until_frozen(process, marker)
     sent = time.monotonic()
@@ -87,7 +87,7 @@ def test_a_signal_in_a_slow_validation_stops_within_a_batch_and_the_resumed_run_
 def test_a_run_killed_mid_epoch_resumes_what_the_module_changes_after_each_batch(tmp_path, tmp_path_factory):
     """The average of the weights, updated in the module's on_train_batch_end, which Lightning calls after every
     callback's: the step's state is taken after it."""
-    args = ["--model=null", "--model=patterns.AveragingClassifier"]
+    args = ["--model=null", "--model=helpers.patterns.AveragingClassifier"]
     assert_kill_and_resume_exact(tmp_path, tmp_path_factory, args, hook="on_train_batch_end", step=8)
 
 
@@ -150,7 +150,8 @@ def test_a_monitored_metric_never_logged_stops_fit_at_the_first_validation_on_a_
         run_dir = tmp_path / name
         with pytest.raises(SystemExit) as stop:
             cli("fit", f"--trainer.default_root_dir={run_dir}", *QUICK, "--checkpoint.monitor=val/f1", *extra,
-                task=[*([] if task is boring else ["--data=null", "--data=stand_in.StandInData"]), *task])  # fmt: skip
+                task=[*([] if task is boring else ["--data=null", "--data=helpers.stand_in.StandInData"]),
+                      *task])  # fmt: skip
         assert str(stop.value.code).startswith("error: checkpoint.monitor='val/f1' is not logged by")
         assert logged in str(stop.value.code)
         assert not (run_dir / "checkpoints" / "last.ckpt").exists()

@@ -5,8 +5,8 @@ import math
 import lightning as L
 import pytest
 import torch
-from conftest import QUICK, cli
-from stand_in import StandInClassifier
+from helpers.cli import QUICK, cli
+from helpers.stand_in import StandInClassifier
 from torch.utils.data import DataLoader, TensorDataset
 
 from template_package.engine.training.recipe import weight_decay_groups
@@ -66,7 +66,7 @@ def test_schedule_follows_the_formula_in_optimizer_steps(max_epochs, max_steps, 
 def test_a_plain_modules_own_warmup_cosine_gets_the_runs_length(run_dir):
     """A module that is not a TrainingRecipe uses the schedule in its own configure_optimizers: the engine's Trainer
     gives it the run's length (it trained at LR 0 for the whole run, exit 0, before)."""
-    plain = ["--model=stand_in.PlainClassifier", "--model.lr=0.05", "--model.schedule=warmup_cosine"]
+    plain = ["--model=helpers.stand_in.PlainClassifier", "--model.lr=0.05", "--model.schedule=warmup_cosine"]
     result = cli("fit", f"--trainer.default_root_dir={run_dir}", *QUICK, *plain,
                  "--trainer.callbacks+=test_recipe.RecordLR")  # fmt: skip
     record = next(c for c in result.trainer.callbacks if type(c).__name__ == "RecordLR")  # (imported by the CLI)
@@ -76,7 +76,7 @@ def test_a_plain_modules_own_warmup_cosine_gets_the_runs_length(run_dir):
 
 def test_a_warmup_cosine_stepped_per_epoch_is_refused_in_one_line(run_dir):
     with pytest.raises(SystemExit) as stop:
-        cli("fit", f"--trainer.default_root_dir={run_dir}", *QUICK, "--model=stand_in.PlainClassifier",
+        cli("fit", f"--trainer.default_root_dir={run_dir}", *QUICK, "--model=helpers.stand_in.PlainClassifier",
             "--model.schedule=warmup_cosine", "--model.interval=epoch")  # fmt: skip
     assert str(stop.value.code).startswith("error: WarmupCosineSchedule is stepped once per epoch: it counts optimizer")
     assert not (run_dir / "checkpoints" / "last.ckpt").exists()
@@ -85,7 +85,7 @@ def test_a_warmup_cosine_stepped_per_epoch_is_refused_in_one_line(run_dir):
 def test_a_warmup_cosine_stepped_without_a_length_raises():
     """In a plain Lightning Trainer and a plain module, nothing gives it a length: its first step raises, after one
     optimizer step at LR 0, instead of a whole run at LR 0."""
-    from stand_in import PlainClassifier
+    from helpers.stand_in import PlainClassifier
 
     data = TensorDataset(torch.rand(40, 1, 8, 8), torch.randint(0, 10, (40,)))
     model = PlainClassifier(num_classes=10, in_channels=1, schedule="warmup_cosine")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import PROJECT_ROOT, scalars
+from helpers.cli import PROJECT_ROOT, scalars
 from helpers.runs import (
     DDP,
     KILL_POINTS,

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import QUICK, cli, resume, scalars
+from helpers.cli import QUICK, cli, resume, scalars
 
 from template_package.engine.resume.changes import is_shorter
 
@@ -137,7 +137,7 @@ def test_a_step_limited_run_made_longer_trains_the_added_steps(run_dir):
 def test_an_allowed_change_applies_to_a_module_of_any_kind(run_dir):
     """A plain LightningModule with SGD and an exponential schedule of its own (not the recipe): --allow_change
     model.lr puts the new rate in its restored optimizer, and the schedule goes on from there (x0.9 a step)."""
-    plain = ["--model=stand_in.PlainClassifier", *ARGS]
+    plain = ["--model=helpers.stand_in.PlainClassifier", *ARGS]
     cli("fit", f"--trainer.default_root_dir={run_dir}", *plain, "--trainer.max_epochs=1")
     resume(run_dir, *plain, "--model.lr=0.1", "--allow_change=model.lr")
     [group] = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["optimizer_states"][0][

@@ -1,11 +1,11 @@
-"""Exact resume with the samplers real teams use (tests/sampled_data.py): a WeightedRandomSampler rebalancing an
+"""Exact resume with the samplers real teams use (tests/helpers/sampled_data.py): a WeightedRandomSampler rebalancing an
 imbalanced set and a length-bucketing batch sampler of one's own, SIGKILLed mid-epoch after a last.ckpt and right
 after an epoch-end one, on 1 and 2 processes, end bit-identical to the run that never stopped, with no notice; a
 sampler whose order is not a function of the seed and the epoch gets one notice when it resumes."""
 
 import pytest
 import torch
-from conftest import QUICK, STAND_IN, cli, resume
+from helpers.cli import QUICK, STAND_IN, cli, resume
 from helpers.runs import (
     BASE,
     DDP,
@@ -20,9 +20,9 @@ from helpers.runs import (
 
 pytestmark = pytest.mark.slow
 SAMPLED = {
-    "weighted": ["--data=sampled_data.WeightedData"],
-    "bucketing": ["--data=sampled_data.BucketedData"],
-    "batch_reads": ["--data=sampled_data.BatchReadData"],
+    "weighted": ["--data=helpers.sampled_data.WeightedData"],
+    "bucketing": ["--data=helpers.sampled_data.BucketedData"],
+    "batch_reads": ["--data=helpers.sampled_data.BatchReadData"],
 }
 
 
@@ -40,7 +40,7 @@ def test_a_weighted_sampler_on_two_processes_resumes_bit_identical(tmp_path, tmp
 
 def test_a_sampler_whose_order_does_not_repeat_gets_one_notice_on_resume(tmp_path, capsys):
     run_killed_and_resumed(
-        tmp_path, tmp_path / "run", ["--data=sampled_data.SystemRandomData"], **KILL_POINTS["mid_epoch"]
+        tmp_path, tmp_path / "run", ["--data=helpers.sampled_data.SystemRandomData"], **KILL_POINTS["mid_epoch"]
     )
     err = capsys.readouterr().err
     assert err.count("notice:") == 1, err

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import PROJECT_ROOT, extra_config, subprocess_env
+from helpers.cli import PROJECT_ROOT, extra_config, subprocess_env
 from helpers.runs import BASE, DDP, assert_same_run, freeze_config, reference_run, wait_until_frozen
 
 pytestmark = pytest.mark.slow
@@ -99,8 +99,8 @@ def test_two_node_job_killed_and_resumed_ends_like_the_uninterrupted_job(tmp_pat
 
 
 def kill_rank_config(tmp_path: Path, rank: int, step: int) -> str:
-    kill = {"class_path": "kill_points.KillRankAt", "init_args": {"marker": str(tmp_path / "killed"), "rank": rank,
-                                                                  "step": step}}  # fmt: skip
+    kill = {"class_path": "helpers.kill_points.KillRankAt",
+            "init_args": {"marker": str(tmp_path / "killed"), "rank": rank, "step": step}}  # fmt: skip
     return extra_config(tmp_path / "kill.yaml", callbacks=[kill])
 
 

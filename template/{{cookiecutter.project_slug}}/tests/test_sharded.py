@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
-from conftest import PROJECT_ROOT, QUICK, cli, extra_config, scalars
-from elastic_task import recorded_steps
+from helpers.cli import PROJECT_ROOT, QUICK, cli, extra_config, scalars
 from helpers.disks import fill
+from helpers.elastic_task import recorded_steps
 from helpers.records import record
 from helpers.runs import assert_same_state, finish, kill_group, start_fit, wait_until_frozen
 from helpers.sharded import FSDP, assert_no_leftovers, assert_same_sharded_run, faulty, is_running, last_ckpt
@@ -144,7 +144,7 @@ def test_a_disk_that_fills_up_during_a_sharded_save_keeps_the_previous_last_ckpt
     next save's shards (76 and 131 KiB) do not. The run stops with one line; last.ckpt is the same folder, byte for
     byte, and no half-written folder is left."""
     run_dir = small_disk / "run"
-    freeze = {"class_path": "kill_points.FreezeAt",
+    freeze = {"class_path": "helpers.kill_points.FreezeAt",
               "init_args": {"marker": str(tmp_path / "frozen"), "hook": "on_train_batch_end", "step": 5}}  # fmt: skip
     process = start_fit(run_dir, *RUN, "-c", extra_config(tmp_path / "freeze.yaml", [freeze]))
     wait_until_frozen(process, tmp_path / "frozen")
@@ -168,8 +168,8 @@ def test_a_disk_that_fills_up_during_a_sharded_save_keeps_the_previous_last_ckpt
 # --- Another number of processes, evaluation, export: the stand-in without training randomness -------------------
 
 # The stand-in without BatchNorm or dropout, each sample's index recorded; 1 epoch of 19 global batches of 64.
-TASK = ["--model=elastic_task.IndexedStandIn", "--data=elastic_task.IndexedStandInData", "--trainer.max_epochs=1",
-        "--trainer.log_every_n_steps=1"]  # fmt: skip
+TASK = ["--model=helpers.elastic_task.IndexedStandIn", "--data=helpers.elastic_task.IndexedStandInData",
+        "--trainer.max_epochs=1", "--trainer.log_every_n_steps=1"]  # fmt: skip
 STEPS = 19
 # The runs sum the same gradients in another order (gloo's reduce-scatter over 4, 2 or 1 processes, the accumulation):
 # float32 rounding, as for DDP (6e-8 measured there). Measured here: see test_moved_from_four_processes_to_one.
@@ -212,7 +212,7 @@ def test_stopped_on_four_processes_and_moved_to_one_reads_the_same_samples_and_e
     2-process run's samples at every step, its weights within TOLERANCE."""
     run_dir = tmp_path / "run"
     config, stopped = record(tmp_path, "stopped")
-    freeze = {"class_path": "kill_points.FreezeAt",
+    freeze = {"class_path": "helpers.kill_points.FreezeAt",
               "init_args": {"marker": str(tmp_path / "frozen"), "hook": "on_train_batch_end", "step": 12}}  # fmt: skip
     on_4 = [*ON_2, "--trainer.devices=4", "--data.batch_size=16", "--last_checkpoint.every_n_steps=5"]
     process = start_fit(run_dir, *TASK, *on_4, "-c", config, "-c", extra_config(tmp_path / "freeze.yaml", [freeze]))
@@ -244,12 +244,12 @@ def test_validate_a_sharded_checkpoint_on_one_process_and_export_it_as_one_file(
     """`validate --ckpt_path <sharded last.ckpt>` on 1 process (no strategy: read whole) reports the fit's final
     val/loss; `export --output model.ckpt` writes one normal Lightning checkpoint: validate gives the same,
     `load_from_checkpoint` loads its weights, and torch.optim reads its optimizer state."""
-    from elastic_task import IndexedStandIn
+    from helpers.elastic_task import IndexedStandIn
 
     run_dir, _ = uninterrupted
     final = scalars(run_dir)["val/loss"][-1][1]
-    task = ["--model=null", "--model=elastic_task.IndexedStandIn", "--data=null",
-            "--data=elastic_task.IndexedStandInData", "--checkpoint.monitor=val/acc",
+    task = ["--model=null", "--model=helpers.elastic_task.IndexedStandIn", "--data=null",
+            "--data=helpers.elastic_task.IndexedStandInData", "--checkpoint.monitor=val/acc",
             "--checkpoint.mode=max"]  # fmt: skip
 
     def val_loss(ckpt: Path) -> float:

@@ -13,7 +13,7 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
-from conftest import cli, extra_config, scalars
+from helpers.cli import cli, extra_config, scalars
 from helpers.runs import finish, kill_group, start_fit, wait_until_frozen
 from helpers.sharded import FSDP, assert_no_leftovers, assert_same_sharded_run, faulty, is_running, last_ckpt
 
@@ -59,7 +59,7 @@ def test_bf16_sharded_run_killed_and_resumed_is_bit_identical(tmp_path, referenc
     """The run computes in bfloat16 and keeps float32 shards; SIGKILLed after step 7 and resumed, it ends with the
     uninterrupted run's bits (deterministic kernels, NCCL's fixed reduction order)."""
     record = {"class_path": "test_sharded_gpu.RecordComputeDtype", "init_args": {"path": str(tmp_path / "dtype")}}
-    freeze = {"class_path": "kill_points.FreezeAt",
+    freeze = {"class_path": "helpers.kill_points.FreezeAt",
               "init_args": {"marker": str(tmp_path / "frozen"), "hook": "on_train_batch_end", "step": 7}}  # fmt: skip
     run_dir = tmp_path / "run"
     process = start_fit(run_dir, *RUN, "-c", extra_config(tmp_path / "extra.yaml", [record, freeze]))

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import PROJECT_ROOT, extra_config, subprocess_env
+from helpers.cli import PROJECT_ROOT, extra_config, subprocess_env
 from helpers.runs import BASE, DDP, assert_same_run, freeze_config, reference_run
 
 pytestmark = [
@@ -192,7 +192,7 @@ def test_a_dead_task_leaves_no_survivor_hanging(slurm, tmp_path):
     """One task SIGKILLed (an out-of-memory kill): the other fails on the closed connection and the job ends at
     once; the script does not requeue a crash."""
     run_dir = tmp_path / "run"
-    kill = {"class_path": "kill_points.KillRankAt",
+    kill = {"class_path": "helpers.kill_points.KillRankAt",
             "init_args": {"marker": str(tmp_path / "killed"), "rank": 1, "step": 8}}  # fmt: skip
     job_id = submit(slurm, run_dir, "-c", extra_config(tmp_path / "kill.yaml", callbacks=[kill]))
     fields = wait_for_job(slurm, job_id, {"COMPLETED", "FAILED", "CANCELLED"})

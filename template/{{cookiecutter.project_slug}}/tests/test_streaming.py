@@ -1,6 +1,6 @@
 """Streaming train loaders (engine/data/streams.py) against the real libraries and locally generated files: Hugging
 Face `datasets` streaming with a seeded shuffle buffer and litdata's StreamingDataset, read as their documentation
-shows, and streams of the user's own (tests/stream_task.py). A run SIGKILLed mid-epoch, or resumed from an epoch's
+shows, and streams of the user's own (helpers/stream_task.py). A run SIGKILLed mid-epoch, or resumed from an epoch's
 end, ends bit-identical to the run that never stopped; what the engine cannot make exact gets its notice, and what
 would make a resume inexact is refused in one line."""
 
@@ -13,9 +13,9 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import WarmProcess, cli, extra_config, resume, scalars, started
+from helpers.cli import WarmProcess, cli, extra_config, resume, scalars, started
 from helpers.runs import assert_same_run, finish, freeze_config, kill_when_frozen
-from stream_task import HeldOrder, HFStreamData, LitStreamData, UnseededDraws
+from helpers.stream_task import HeldOrder, HFStreamData, LitStreamData, UnseededDraws
 from torch.utils.data import DataLoader
 
 from template_package.engine.data import streams
@@ -59,12 +59,12 @@ def data(tmp_path_factory) -> Path:
 
 
 def task(data_module: str, *args: str, module: str = "stream_task") -> list[str]:
-    """The stream task (tests/stream_task.py) with `data_module` (of `module`): 3 epochs of 38 batches, train/loss
+    """The stream task (helpers/stream_task.py) with `data_module` (of `module`): 3 epochs of 38 batches, train/loss
     logged at every step, validation on one batch. (Not limit_val_batches=1: in this process the command line parses
     it as 1.0, all the batches, where a child process parses it as one batch.)"""
-    return ["--model=null", "--model=stream_task.StreamModel", "--data=null", f"--data={module}.{data_module}",
-            "--checkpoint.monitor=val/loss", "--checkpoint.mode=min", "--trainer.max_epochs=3",
-            "--trainer.log_every_n_steps=1", "--trainer.enable_progress_bar=false",
+    return ["--model=null", "--model=helpers.stream_task.StreamModel", "--data=null",
+            f"--data=helpers.{module}.{data_module}", "--checkpoint.monitor=val/loss", "--checkpoint.mode=min",
+            "--trainer.max_epochs=3", "--trainer.log_every_n_steps=1", "--trainer.enable_progress_bar=false",
             "--trainer.enable_model_summary=false", *args]  # fmt: skip
 
 
@@ -171,7 +171,10 @@ def test_a_stream_with_a_state_of_its_own_resumes_bit_identical(tmp_path, tmp_pa
 
 
 def test_an_iterable_of_unseeded_draws_gets_one_notice_before_training(run_dir, tmp_path, capsys):
-    marker = {"class_path": "kill_points.Say", "init_args": {"hook": "on_train_batch_start", "text": "first batch"}}
+    marker = {
+        "class_path": "helpers.kill_points.Say",
+        "init_args": {"hook": "on_train_batch_start", "text": "first batch"},
+    }
     say = extra_config(tmp_path / "say.yaml", callbacks=[marker])
     cli("fit", f"--trainer.default_root_dir={run_dir}", *task("IterableData", "--data.kind=unseeded"),
         "--trainer.max_steps=3", "-c", say, task=[])  # fmt: skip
@@ -248,7 +251,12 @@ def test_a_stream_without_a_length_trains_by_epochs_and_the_schedule_names_max_s
     pytest.importorskip("datasets", reason="datasets is not installed: pip install -e '.[streaming]'")
     cli("fit", f"--trainer.default_root_dir={run_dir}", *hf(data, 0, "--trainer.max_epochs=1"), task=[])
     assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 38
-    recipe = ["--model=null", "--model=stand_in.StandInClassifier", "--model.num_classes=3", "--model.in_channels=1"]
+    recipe = [
+        "--model=null",
+        "--model=helpers.stand_in.StandInClassifier",
+        "--model.num_classes=3",
+        "--model.in_channels=1",
+    ]
     with pytest.raises(SystemExit) as stop:  # (no sanity check: the stand-in reads images)
         cli("fit", f"--trainer.default_root_dir={run_dir.parent / 'recipe'}", *hf(data, 0), *recipe,
             "--trainer.num_sanity_val_steps=0", task=[])  # fmt: skip
@@ -302,7 +310,7 @@ def test_each_epoch_of_a_stream_is_a_new_order_and_a_resume_reads_on_after_the_t
 
 
 def web(data: Path, loader: str, workers: int, *args: str) -> list[str]:
-    """The stream task on WebDataset shards (tests/webdataset_task.py)."""
+    """The stream task on WebDataset shards (tests/helpers/webdataset_task.py)."""
     return task("WebDatasetData", f"--data.folder={data / 'tars'}", f"--data.loader={loader}",
                 f"--data.num_workers={workers}", *args, module="webdataset_task")  # fmt: skip
 
@@ -336,7 +344,7 @@ def test_a_webdataset_shard_shuffle_by_epoch_gets_the_runs_epoch_and_resumes_bit
     copy = assert_resumes_exactly(tmp_path, tmp_path_factory, args, MID_EPOCH, 50, capsys)
     records = tmp_path / "indices.txt"
     callback = extra_config(tmp_path / "record.yaml", callbacks=[
-        {"class_path": "stream_task.RecordIndices", "init_args": {"path": str(records)}}])  # fmt: skip
+        {"class_path": "helpers.stream_task.RecordIndices", "init_args": {"path": str(records)}}])  # fmt: skip
     cli("fit", f"--trainer.default_root_dir={copy.parent / 'again'}", *args, "-c", callback, task=[])
     epochs = {}
     for line in records.read_text().splitlines():
@@ -381,7 +389,7 @@ def test_webdataset_split_by_node_ranks_take_equal_steps_and_resume_bit_identica
 
 
 def mosaic(data: Path, loader: str, workers: int, *args: str) -> list[str]:
-    """The stream task on MosaicML Streaming shards (tests/mosaic_task.py)."""
+    """The stream task on MosaicML Streaming shards (tests/helpers/mosaic_task.py)."""
     return task("MosaicData", f"--data.folder={data / 'mds'}", f"--data.loader={loader}",
                 f"--data.num_workers={workers}", *args, module="mosaic_task")  # fmt: skip
 

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import TESTS, subprocess_env
+from helpers.cli import TESTS, subprocess_env
 
 
 def test_a_suite_whose_test_writes_into_the_project_fails(tmp_path: Path):
@@ -26,13 +26,21 @@ def test_a_suite_whose_test_writes_into_the_project_fails(tmp_path: Path):
     assert f"error: the tests wrote into the project: {project / 'runs' / 'default' / 'events'}" in result.stderr
 
 
-def test_no_test_file_imports_another_test_file():
-    """What tests share lives in tests/helpers/ (or a task's own module), never in a test file another one imports."""
+def test_no_test_file_imports_another_test_file_or_conftest():
+    """What tests share lives in tests/helpers/, never in a test file or a conftest.py another one imports."""
     found = []
     for path in sorted(TESTS.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             names = [node.module or ""] if isinstance(node, ast.ImportFrom) else []
             names += [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
             found += [f"{path.relative_to(TESTS)}:{node.lineno} imports {name}" for name in names
-                      if name.split(".")[-1].startswith("test_")]  # fmt: skip
+                      if name.split(".")[-1].startswith("test_") or name.split(".")[-1] == "conftest"]  # fmt: skip
     assert not found, found
+
+
+def test_the_tests_helpers_live_in_tests_helpers():
+    """Outside tests/helpers/, every Python file under tests/ is a test file or pytest's conftest.py."""
+    strays = [str(path.relative_to(TESTS)) for path in sorted(TESTS.rglob("*.py"))
+              if "helpers" not in path.relative_to(TESTS).parts[:1]
+              and not path.name.startswith("test_") and path.name != "conftest.py"]  # fmt: skip
+    assert not strays, f"helpers belong in tests/helpers/: {strays}"

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import cli, cli_subprocess, extra_config
+from helpers.cli import cli, cli_subprocess, extra_config
 from helpers.sweeps import SWEEP_YAML, TRIAL, finish_sweep, start_sweep, sweep_command
 
 optuna = pytest.importorskip("optuna", reason='sweeps need the sweep extra: pip install -e ".[sweep]"')
@@ -68,7 +68,10 @@ def test_a_sweep_killed_at_any_moment_and_run_again_ends_with_the_same_study(uni
     same trials is part of it."""
     reference, _ = uninterrupted_sweep
     folder = tmp_path / "sweep"
-    slow = {"class_path": "kill_points.SlowDown", "init_args": {"seconds": 0.5}}  # (a trial that outlives the kill)
+    slow = {
+        "class_path": "helpers.kill_points.SlowDown",
+        "init_args": {"seconds": 0.5},
+    }  # (a trial that outlives the kill)
     process = start_sweep(folder, 2, "-c", extra_config(tmp_path / "slow.yaml", callbacks=[slow]))
     deadline = time.monotonic() + 300
     while not (folder / "trial-1" / "checkpoints" / "last.ckpt").exists():

@@ -6,14 +6,14 @@ import statistics
 import pytest
 import torch
 import yaml
-from conftest import cli, scalars
+from helpers.cli import cli, scalars
 from helpers.sweeps import finish_sweep, start_sweep, sweep_command
 
 from template_package.engine.data.folds import fold_indices
 
 optuna = pytest.importorskip("optuna", reason='sweeps need the sweep extra: pip install -e ".[sweep]"')
 
-FOLDED = "--data=folded_stand_in.FoldedStandInData"
+FOLDED = "--data=helpers.folded_stand_in.FoldedStandInData"
 
 
 def test_the_folds_validate_every_sample_once_and_are_the_same_in_every_run():
@@ -55,7 +55,7 @@ def test_a_datamodule_without_folds_costs_one_line_naming_it(tmp_path):
     with pytest.raises(SystemExit) as stop:
         cli(*sweep_command(folder, 1, "--sweep.folds=3"))
     assert str(stop.value.code).startswith(
-        "error: sweep.folds=3: stand_in.StandInData takes no folds: give its __init__ the arguments folds: int = 1 "
-        "and fold: int = 0"
+        "error: sweep.folds=3: helpers.stand_in.StandInData takes no folds: give its __init__ the arguments "
+        "folds: int = 1 and fold: int = 0"
     ), stop.value.code
     assert not list(folder.glob("trial-*"))

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import cli
+from helpers.cli import cli
 from helpers.sweeps import finish_sweep, start_sweep, sweep_command
 
 optuna = pytest.importorskip("optuna", reason='sweeps need the sweep extra: pip install -e ".[sweep]"')

@@ -6,7 +6,7 @@ import time
 import lightning as L
 import pytest
 import torch
-from stand_in import StandInClassifier
+from helpers.stand_in import StandInClassifier
 from torch.utils.data import BatchSampler, DataLoader, Dataset, SequentialSampler
 
 from template_package.engine.report.throughput import Throughput, samples_in

@@ -11,9 +11,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import PROJECT_ROOT, QUICK, TESTS, WarmProcess, extra_config, started, subprocess_env
+from helpers.cli import PROJECT_ROOT, QUICK, TESTS, WarmProcess, extra_config, started, subprocess_env
 from helpers.sweeps import finish_sweep, start_sweep
 from helpers.warm_start import WarmStart
+
+from template_package.engine.cli.main import DEFAULT_CONFIG_VARIABLE
 
 pytestmark = pytest.mark.slow
 
@@ -41,13 +43,14 @@ def test_classes_in_the_working_directory_reach_every_rank_started_fresh_or_warm
     import them, as `python -m` puts the working directory on sys.path, whether the run is a new interpreter whose
     rank 1 Lightning's launcher starts, or started warm, from a server in another folder, with rank 1 forked. Both
     train the same bits and say each rank-zero line once."""
-    shutil.copy(TESTS / "stand_in.py", tmp_path / "my_task.py")
+    shutil.copy(TESTS / "helpers" / "stand_in.py", tmp_path / "my_task.py")
     with (tmp_path / "my_task.py").open("a") as task:
         task.write(RANK_REPORT)
     args = ["fit", "--model=my_task.StandInClassifier", "--data=my_task.StandInData", "--checkpoint.monitor=val/acc",
             "--checkpoint.mode=max", "--trainer.callbacks+=my_task.ReportRank", *QUICK, "--trainer.strategy=ddp",
             "--trainer.accelerator=cpu", "--trainer.devices=2"]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT / "src")}  # the package, not tests/
+    # The package, not tests/, and no default config (the tests' names their stand-in, in tests/).
+    env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT / "src"), DEFAULT_CONFIG_VARIABLE: ""}
     fresh = subprocess.run(
         [sys.executable, "-m", "template_package", *args, f"--trainer.default_root_dir={tmp_path / 'fresh'}"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
@@ -74,7 +77,7 @@ def test_a_run_that_outlives_its_wait_shows_where_each_of_its_processes_waits(tm
     """A test's wait that times out shows the stacks of the run and of its loader workers, so that a run that hangs
     once in a full suite says where."""
     slow = extra_config(
-        tmp_path / "slow.yaml", callbacks=[{"class_path": "kill_points.SlowDown", "init_args": {"seconds": 60}}]
+        tmp_path / "slow.yaml", callbacks=[{"class_path": "helpers.kill_points.SlowDown", "init_args": {"seconds": 60}}]
     )
     args = ["fit", f"--trainer.default_root_dir={tmp_path / 'run'}", "-c", slow, "--data.num_workers=1", *QUICK]
     run = started(WarmProcess(args))
@@ -101,7 +104,7 @@ def test_a_run_has_the_environment_it_is_started_with_not_the_servers(tmp_path: 
     for one, and a TMPDIR that test had set made the loader workers' socket paths of later tests' runs too long for
     AF_UNIX (107 characters: they hung)."""
     probe = "import os, pathlib\npathlib.Path('seen').write_text(os.environ.get('TMPDIR', 'unset'))\n"
-    (tmp_path / "probe.py").write_text(probe + "from stand_in import StandInClassifier as Model\n")
+    (tmp_path / "probe.py").write_text(probe + "from helpers.stand_in import StandInClassifier as Model\n")
     env = subprocess_env()
     server = WarmStart(env={**env, "TMPDIR": str(tmp_path)}, cwd=tmp_path)
     try:

@@ -4,8 +4,8 @@ its batches are dicts, it predicts text, and it gets the engine's guarantees (al
 import csv
 
 import torch
-from char_lm_task import CHAR_LM
-from conftest import cli, scalars
+from helpers.char_lm_task import CHAR_LM
+from helpers.cli import cli, scalars
 
 from template_package.char_lm.data import TextDataModule
 from template_package.char_lm.model import CharTransformer

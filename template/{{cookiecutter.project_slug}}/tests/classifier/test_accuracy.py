@@ -1,7 +1,7 @@
 """The product's promise: `python -m template_package fit` with no options trains digits to >= 98% accuracy."""
 
-from classifier_task import CLASSIFIER
-from conftest import cli, cli_subprocess, scalars
+from helpers.classifier_task import CLASSIFIER
+from helpers.cli import cli, cli_subprocess, scalars
 
 
 def test_default_fit_reaches_98_percent_and_test_uses_last_ckpt(tmp_path):

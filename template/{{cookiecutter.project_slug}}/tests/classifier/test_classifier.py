@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from classifier_task import CLASSIFIER
-from conftest import PROJECT_ROOT, QUICK, cli, scalars
+from helpers.classifier_task import CLASSIFIER
+from helpers.cli import PROJECT_ROOT, QUICK, cli, scalars
 from PIL import Image
 from sklearn.datasets import load_digits
 

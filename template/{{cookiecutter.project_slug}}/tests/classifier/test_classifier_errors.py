@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from classifier_task import CLASSIFIER, error_line
-from conftest import cli_subprocess
+from helpers.classifier_task import CLASSIFIER, error_line
+from helpers.cli import cli_subprocess
 from PIL import Image
 
 from template_package.classifier.data import check_finite

@@ -4,9 +4,9 @@ classes that have moved since, and with it the checkpoint of that release valida
 
 from pathlib import Path
 
-from classifier_task import CLASSIFIER
-from conftest import cli
-from golden import CHECKPOINT
+from helpers.classifier_task import CLASSIFIER
+from helpers.cli import cli
+from helpers.golden import CHECKPOINT
 
 CONFIG = Path(__file__).resolve().parent / "fixtures" / "first_release_config.yaml"
 MOVED = ["callbacks.TimedProgressBar", "callbacks.ConfusionMatrixImage", "callbacks.Throughput"]

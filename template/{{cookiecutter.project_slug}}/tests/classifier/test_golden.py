@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from golden import ARGS, CHECKPOINT, CURVE, RELATIVE_TOLERANCE, machine, run
+from helpers.golden import ARGS, CHECKPOINT, CURVE, RELATIVE_TOLERANCE, machine, run
 
 
 @pytest.fixture(scope="module")

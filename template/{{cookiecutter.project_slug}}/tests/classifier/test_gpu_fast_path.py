@@ -4,8 +4,8 @@ test_gpu.py and benchmarks/overhead.py --gpu."""
 
 import pytest
 import torch
-from classifier_task import CLASSIFIER, error_line
-from conftest import QUICK, cli, scalars
+from helpers.classifier_task import CLASSIFIER, error_line
+from helpers.cli import QUICK, cli, scalars
 
 from template_package.classifier.model import ImageClassifier
 from template_package.engine.report import throughput
@@ -94,7 +94,7 @@ def test_fast_path_switches_resume_bit_identical_on_cuda(tmp_path, tmp_path_fact
 
 @needs_cuda
 def test_fast_preset_trains_on_cuda_and_logs_mfu(tmp_path):
-    from conftest import PROJECT_ROOT
+    from helpers.cli import PROJECT_ROOT
 
     cli("fit", "-c", str(PROJECT_ROOT / "configs" / "fast.yaml"), f"--trainer.default_root_dir={tmp_path}",
         "--trainer.log_every_n_steps=2", *QUICK, task=CLASSIFIER)  # fmt: skip

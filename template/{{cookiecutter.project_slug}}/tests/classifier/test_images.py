@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from classifier_task import CLASSIFIER
-from conftest import cli
+from helpers.classifier_task import CLASSIFIER
+from helpers.cli import cli
 from helpers.runs import assert_kill_and_resume_exact
 from PIL import Image
 

@@ -7,8 +7,8 @@ import sys
 import lightning as L
 import pytest
 import torch
-from classifier_task import CLASSIFIER
-from conftest import PROJECT_ROOT, cli, scalars
+from helpers.classifier_task import CLASSIFIER
+from helpers.cli import PROJECT_ROOT, cli, scalars
 
 from template_package.classifier.data import ImageDataModule
 from template_package.classifier.model import ImageClassifier

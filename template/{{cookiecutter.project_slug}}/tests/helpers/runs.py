@@ -9,7 +9,8 @@ import time
 from pathlib import Path
 
 import torch
-from conftest import QUICK, STAND_IN, WarmProcess, cli, extra_config, resume, scalars, started
+
+from helpers.cli import QUICK, STAND_IN, WarmProcess, cli, extra_config, resume, scalars, started
 
 # The stand-in task, 3 epochs of 19 batches, a checkpoint every 5 optimizer steps and a logged loss at every step.
 BASE = [
@@ -43,14 +44,14 @@ def kill_group(process: WarmProcess) -> bool:
 
 
 def freeze_config(tmp_path: Path, **init_args) -> str:
-    """A config that stops the run at a kill point and writes tmp_path/frozen: kill_points.FreezeAt at a hook, or
-    faults.StallingCheckpointIO inside a write of last.ckpt (hook="checkpoint_write")."""
+    """A config that stops the run at a kill point and writes tmp_path/frozen: helpers.kill_points.FreezeAt at a hook,
+    or helpers.faults.StallingCheckpointIO inside a write of last.ckpt (hook="checkpoint_write")."""
     marker = str(tmp_path / "frozen")
     hook = init_args.pop("hook")
     if hook == "checkpoint_write":
-        stall = {"class_path": "faults.StallingCheckpointIO", "init_args": {"marker": marker, **init_args}}
+        stall = {"class_path": "helpers.faults.StallingCheckpointIO", "init_args": {"marker": marker, **init_args}}
         return extra_config(tmp_path / "freeze.yaml", plugins=[stall])
-    freeze = {"class_path": "kill_points.FreezeAt", "init_args": {"marker": marker, "hook": hook, **init_args}}
+    freeze = {"class_path": "helpers.kill_points.FreezeAt", "init_args": {"marker": marker, "hook": hook, **init_args}}
     return extra_config(tmp_path / "freeze.yaml", callbacks=[freeze])
 
 
@@ -167,8 +168,7 @@ def log_steps_against_last_ckpt(run_dir: Path, monkeypatch) -> list[tuple[int, i
     """Train with a checkpoint every 2 steps; at every write to TensorBoard, (the step written, the step last.ckpt
     holds then). The model also logs its loss with `self.log`, as a user's own metric would be: Lightning writes
     those after on_train_batch_end, where the checkpoint is taken."""
-    from stand_in import StandInClassifier
-
+    from helpers.stand_in import StandInClassifier
     from template_package.engine.report.loggers import RunTensorBoardLogger
 
     last, seen = run_dir / "checkpoints" / "last.ckpt", []

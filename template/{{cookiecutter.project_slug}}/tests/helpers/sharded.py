@@ -4,8 +4,8 @@ import os
 from pathlib import Path
 
 import yaml
-from conftest import PROJECT_ROOT, scalars
 
+from helpers.cli import PROJECT_ROOT, scalars
 from template_package.engine.resume.whole_checkpoint import read_whole
 
 from .runs import assert_same_state
@@ -18,8 +18,8 @@ def last_ckpt(run_dir: Path) -> Path:
 
 
 def faulty(tmp_path: Path, **init_args) -> str:
-    """A config whose strategy is sharded_faults.FaultyShardedStrategy (a fault inside one rank's save)."""
-    strategy = {"class_path": "sharded_faults.FaultyShardedStrategy",
+    """A config whose strategy is helpers.sharded_faults.FaultyShardedStrategy (a fault inside one rank's save)."""
+    strategy = {"class_path": "helpers.sharded_faults.FaultyShardedStrategy",
                 "init_args": {"marker": str(tmp_path / "frozen"), **init_args}}  # fmt: skip
     path = tmp_path / "faulty.yaml"
     path.write_text(yaml.safe_dump({"trainer": {"strategy": strategy}}))

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from conftest import PROJECT_ROOT, QUICK, STAND_IN, WarmProcess, started
+from helpers.cli import PROJECT_ROOT, QUICK, STAND_IN, WarmProcess, started
 
 # Short trials: 2 epochs of 6 batches, validated on 3 batches; a checkpoint every 4 steps.
 TRIAL = [*STAND_IN, *QUICK, "--trainer.limit_val_batches=3", "--last_checkpoint.every_n_steps=4",

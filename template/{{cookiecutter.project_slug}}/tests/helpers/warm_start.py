@@ -6,10 +6,10 @@ imports the engine once (and what a fit imports later, and parses one `fit` comm
 fills jsonargparse's caches) and runs each command in a child forked from itself: a process of its own, which a SIGKILL
 ends like any other and whose state dies with it, and which starts where a fresh `python -m <package>` stands once its
 imports are done (the user's classes are imported by each child, as by a fresh process). The tests' runs start this way
-(conftest.WarmProcess), and the guarantee kit's runs in the tests (`kit_runner`). The other ranks of a DDP run started
-warm are forked from its rank 0 too, and the trials of a sweep started warm from the sweep (`ForkedCommand`), where
-Lightning's launcher and the sweep would start a new interpreter for each; tests/test_warm_start.py compares both. The
-product itself never forks: the kit and `sweep` start their runs as a user's runs start.
+(helpers/cli.py: WarmProcess), and the guarantee kit's runs in the tests (`kit_runner`). The other ranks of a DDP run
+started warm are forked from its rank 0 too, and the trials of a sweep started warm from the sweep (`ForkedCommand`),
+where Lightning's launcher and the sweep would start a new interpreter for each; tests/test_warm_start.py compares both.
+The product itself never forks: the kit and `sweep` start their runs as a user's runs start.
 
 The protocol, one JSON object a line: the request `{"args": [...], "cwd": DIR, "out": FILE, "err": FILE, "env":
 {...}}` starts `python -m <package> ARGS` in DIR, its standard output and error appended to the files (which may be
@@ -388,14 +388,18 @@ def parse_a_fit_command() -> None:
     classes, and not the default config (which names the user's): each child imports the user's classes itself."""
     from template_package.engine.cli import main
 
-    default_config, main.DEFAULT_CONFIG = main.DEFAULT_CONFIG, None
+    default_config = os.environ.get(main.DEFAULT_CONFIG_VARIABLE)
+    os.environ[main.DEFAULT_CONFIG_VARIABLE] = ""  # (none)
     command = ["fit", "--print_config", f"--model={ENGINE}.training.recipe.TrainingRecipe",
                "--data=lightning.LightningDataModule"]  # fmt: skip
     try:
         with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):
             main.build_cli(command)
     finally:
-        main.DEFAULT_CONFIG = default_config
+        if default_config is None:
+            del os.environ[main.DEFAULT_CONFIG_VARIABLE]
+        else:
+            os.environ[main.DEFAULT_CONFIG_VARIABLE] = default_config
 
 
 def answer(message: dict) -> None:

@@ -89,16 +89,25 @@ def reporting_defaults() -> dict:
     }
 
 
+DEFAULT_CONFIG_VARIABLE = "ENGINE_DEFAULT_CONFIG"  # names another default config file; set but empty: none
+
+
 def find_default_config() -> Path | None:
-    """The project's configs/default.yaml: in the nearest folder above this engine that has one (the project root of
-    an editable install, `pip install -e .`), wherever the engine was copied. None: every option from the command."""
+    """The config every command starts from: the file the environment variable ENGINE_DEFAULT_CONFIG names (set but
+    empty: none, every option from the command), else the project's configs/default.yaml, in the nearest folder above
+    this engine that has one (the project root of an editable install, `pip install -e .`), wherever the engine was
+    copied. None: every option from the command."""
+    named = os.environ.get(DEFAULT_CONFIG_VARIABLE)
+    if named is not None:
+        if named and not Path(named).is_file():
+            raise SystemExit(f"error: {DEFAULT_CONFIG_VARIABLE}={named} is not a file: name a config file, or unset it")
+        return Path(named) if named else None
     for folder in Path(__file__).resolve().parents:
         if (folder / "configs" / "default.yaml").is_file():
             return folder / "configs" / "default.yaml"
     return None
 
 
-DEFAULT_CONFIG = find_default_config()
 SEED = 42  # seed_everything's default: python, numpy, torch, CUDA and every loader worker
 
 
@@ -241,7 +250,7 @@ class ProjectCLI(LightningCLI):
         command = sys.argv[1:] if args is None else args
         try:
             if isinstance(command, list):  # (LightningCLI's own parse_arguments, with the switches made explicit)
-                self.config = parser.parse_args(with_own_defaults(command, default_classes(DEFAULT_CONFIG)))
+                self.config = parser.parse_args(with_own_defaults(command, default_classes(find_default_config())))
             else:
                 super().parse_arguments(parser, args)
         except ArgumentError as error:
@@ -496,7 +505,8 @@ def build_cli(args: list[str] | None, run_subcommand: bool = True) -> ProjectCLI
     """The CLI without main's error handling; with `run_subcommand=False` it parses, checks the checkpoint and builds
     the classes, and runs nothing (export builds the model this way)."""
     # allow_abbrev off: argparse would take a mistyped --trainer.max_epoch for --trainer.max_epochs, silently.
-    default_config = [updated_config(str(DEFAULT_CONFIG))] if DEFAULT_CONFIG else []  # (classes that moved)
+    found = find_default_config()
+    default_config = [updated_config(str(found))] if found else []  # (classes that moved)
     defaults = {"default_config_files": default_config, "exit_on_error": False, "allow_abbrev": False}
     command = sys.argv[1:] if args is None else list(args)
     if (moved := with_moved_classes(command)) != command:

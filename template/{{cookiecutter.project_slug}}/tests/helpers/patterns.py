@@ -18,8 +18,9 @@ import time
 import torch
 import torch.nn.functional as F
 from lightning import Callback, LightningModule
-from stand_in import StandInClassifier
 from torch import Tensor, nn
+
+from helpers.stand_in import StandInClassifier
 
 
 class ManualGAN(LightningModule):

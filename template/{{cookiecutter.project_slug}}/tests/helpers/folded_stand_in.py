@@ -2,9 +2,9 @@
 `sweep --sweep.folds K`, two arguments and a split; its train and val samples pooled and cut into folds."""
 
 import torch
-from stand_in import StandInData
 from torch.utils.data import TensorDataset
 
+from helpers.stand_in import StandInData
 from template_package.engine.data.folds import check_fold, fold_indices
 
 

@@ -1,12 +1,13 @@
-"""The stream task (tests/stream_task.py) read from MosaicML Streaming shards, the way its documentation shows: MDS
+"""The stream task (helpers/stream_task.py) read from MosaicML Streaming shards, the way its documentation shows: MDS
 shards written with `streaming.MDSWriter` in prepare_data, read by a shuffled `StreamingDataset` in its
 `StreamingDataLoader` (or torch's DataLoader)."""
 
 from pathlib import Path
 
 import numpy as np
-from stream_task import ValidationSplit, sample
 from torch.utils.data import DataLoader
+
+from helpers.stream_task import ValidationSplit, sample
 
 
 def write_mds_shards(folder: Path, samples: int) -> None:

@@ -36,7 +36,14 @@ def stand_in_net(num_classes: int, in_channels: int, dropout: float, batch_norm:
 
 
 class StandInClassifier(TrainingRecipe):
-    """The stand-in's network on the engine's training recipe."""
+    """The stand-in's network on the engine's training recipe.
+
+    Args:
+        num_classes: classes to tell apart; None: the data's.
+        in_channels: image channels; None: the data's.
+        dropout: dropout before the linear head.
+        batch_norm: BatchNorm after each convolution.
+    """
 
     def __init__(self, num_classes: int | None = None, in_channels: int | None = None, dropout: float = 0.0,
                  batch_norm: bool = True, **recipe) -> None:  # fmt: skip

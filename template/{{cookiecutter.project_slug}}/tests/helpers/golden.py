@@ -5,7 +5,7 @@ Any change to the template that alters the numerics of training (the model, the 
 schedule, clipping, precision, a dependency's kernels) then fails loudly; if the change is meant, write the files
 again with:
 
-    python tests/classifier/golden.py
+    python tests/helpers/golden.py
 
 and commit tests/classifier/fixtures/. On the machine that wrote them (same CPU model, torch version and thread
 count, recorded in the JSON) the losses must be equal bit for bit; elsewhere within RELATIVE_TOLERANCE, since another
@@ -22,7 +22,7 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch: the thread count is part of the curve
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[1] / "classifier" / "fixtures"
 CURVE = FIXTURES / "golden_loss.json"
 CHECKPOINT = FIXTURES / "golden_step19.ckpt"
 # 2 epochs of the default digits run (38 optimizer steps), every step logged, a checkpoint at step 19.
@@ -51,8 +51,8 @@ def run(run_dir: Path, *args: str) -> list[tuple[int, float]]:
     """A fit in this process; its logged train/loss series."""
     here = Path(__file__).resolve().parent
     sys.path[:0] = [str(here), str(here.parent)]
-    from classifier_task import CLASSIFIER
-    from conftest import cli, scalars
+    from helpers.classifier_task import CLASSIFIER
+    from helpers.cli import cli, scalars
 
     cli("fit", f"--trainer.default_root_dir={run_dir}", *ARGS, *args, task=CLASSIFIER)
     return scalars(run_dir)["train/loss"]
@@ -61,11 +61,11 @@ def run(run_dir: Path, *args: str) -> list[tuple[int, float]]:
 def write() -> None:
     """Run the golden run and write its curve, then the same run stopped (SIGTERM) at its first epoch's end, and
     keep the checkpoint it saves there (step 19)."""
-    from conftest import extra_config
+    from helpers.cli import extra_config
 
     with tempfile.TemporaryDirectory() as folder:
         losses = run(Path(folder) / "whole")
-        stop = {"class_path": "faults.SignalAt", "init_args": {"hook": "on_train_epoch_end", "step": 19}}
+        stop = {"class_path": "helpers.faults.SignalAt", "init_args": {"hook": "on_train_epoch_end", "step": 19}}
         try:
             run(Path(folder) / "stopped", "-c", extra_config(Path(folder) / "stop.yaml", callbacks=[stop]))
         except SystemExit as exit_:

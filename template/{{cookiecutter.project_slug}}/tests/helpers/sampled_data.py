@@ -7,8 +7,9 @@ import os
 import random
 
 import torch
-from stand_in import Noisy, StandInData, synthetic_images
 from torch.utils.data import DataLoader, Sampler, WeightedRandomSampler
+
+from helpers.stand_in import Noisy, StandInData, synthetic_images
 
 
 class WeightedData(StandInData):

@@ -20,8 +20,8 @@ class FreezeAt(Callback):
     """Freeze at `hook` once the trainer's global step reaches `step` (and, if given, at batch `batch_idx`).
 
     hook: on_train_batch_end, on_train_epoch_start, on_train_epoch_end or on_validation_batch_end (inside a checkpoint
-    write: faults.StallingCheckpointIO). It freezes once per marker, so a requeued or restarted run with the same
-    options goes on. flush_logs: flush the loggers first, so what was logged so far is on disk when the process is
+    write: helpers.faults.StallingCheckpointIO). It freezes once per marker, so a requeued or restarted run with the
+    same options goes on. flush_logs: flush the loggers first, so what was logged so far is on disk when the process is
     killed.
     """
 

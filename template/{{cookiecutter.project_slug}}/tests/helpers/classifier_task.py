@@ -2,7 +2,8 @@
 configs/default.yaml names."""
 
 import pytest
-from conftest import cli
+
+from helpers.cli import cli
 
 CLASSIFIER = ["--model=template_package.classifier.model.ImageClassifier",
               "--data=template_package.classifier.data.ImageDataModule"]  # fmt: skip

@@ -1,6 +1,6 @@
 """Test-only faults inside a sharded save (test_sharded.py): the engine's ShardedStrategy whose storage writer, on one
 rank, for the first save of a step >= `step`, fails or stalls after writing half of its file. Given to a run with
-`--trainer.strategy sharded_faults.FaultyShardedStrategy --trainer.strategy.fault ...`."""
+`--trainer.strategy helpers.sharded_faults.FaultyShardedStrategy --trainer.strategy.fault ...`."""
 
 import errno
 import os

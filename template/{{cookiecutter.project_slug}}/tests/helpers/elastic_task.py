@@ -8,10 +8,10 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.callbacks import Callback
-from stand_in import StandInClassifier, StandInData, stand_in_net
 from torch import Tensor
 from torch.utils.data import TensorDataset
 
+from helpers.stand_in import StandInClassifier, StandInData, stand_in_net
 from template_package.engine.resume.rng import gather_rows
 
 

@@ -1,12 +1,13 @@
-"""The stream task (tests/stream_task.py) read from WebDataset tar shards, the way its documentation shows: shards
+"""The stream task (helpers/stream_task.py) read from WebDataset tar shards, the way its documentation shows: shards
 written with `wds.ShardWriter` in prepare_data, read by `wds.WebDataset(...).shuffle(...).decode()` in a DataLoader,
 or in a `wds.WebLoader` whose own stages reshuffle across the workers' batches in the training process."""
 
 from pathlib import Path
 
 import torch
-from stream_task import ValidationSplit, sample
 from torch.utils.data import DataLoader, default_collate
+
+from helpers.stream_task import ValidationSplit, sample
 
 
 def write_tar_shards(folder: Path, samples: int, shards: int) -> str:
