@@ -20,8 +20,13 @@ OPTIONAL_PATHS = {
 TASKS = {
     "image_classifier": {
         "folder": "classifier",
-        "only": ["benchmarks", "configs/compile.yaml", "docs/performance.md", "tests/helpers/classifier_task.py",
-                 "tests/helpers/golden.py"],
+        "only": [
+            "benchmarks",
+            "configs/compile.yaml",
+            "docs/performance.md",
+            "tests/helpers/classifier_task.py",
+            "tests/helpers/golden.py",
+        ],
     },
     "char_lm": {"folder": "char_lm", "only": ["tests/helpers/char_lm_task.py"]},
 }

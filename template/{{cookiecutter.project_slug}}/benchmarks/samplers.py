@@ -4,8 +4,8 @@
 Reads epochs of a map-style dataset (a small image and a class per sample, noise drawn in `__getitem__`), batches
 only, no model, through the user's loader alone and through the engine's rebuild of it (data/loaders.resumable_loader:
 a StatefulDataLoader, a DrawnOrderSampler over the user's sampler, SeededSamples), one epoch of each per repeat,
-interleaved. For a WeightedRandomSampler and a length-bucketing batch sampler (tests/helpers/sampled_data.py), prints each
-side's samples/s (median) and `ratio <x>`: the median of own/engine time per epoch, with its spread (the goal:
+interleaved. For a WeightedRandomSampler and a length-bucketing batch sampler (tests/helpers/sampled_data.py), prints
+each side's samples/s (median) and `ratio <x>`: the median of own/engine time per epoch, with its spread (the goal:
 >= 0.98); and the same against the engine's rebuild of a `shuffle=True` loader of the same samples, which seeds each
 sample's draws as well: what drawing the user's sampler adds.
 
@@ -24,7 +24,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, WeightedRandomSampler
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from sampled_data import BucketBatches  # noqa: E402
+from helpers.sampled_data import BucketBatches  # noqa: E402
 
 from template_package.engine.data.drawn_order import DrawnOrderSampler  # noqa: E402
 from template_package.engine.data.loaders import resumable_loader  # noqa: E402

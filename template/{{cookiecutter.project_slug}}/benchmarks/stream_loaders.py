@@ -31,11 +31,11 @@ from types import SimpleNamespace
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from mosaic_task import MosaicData  # noqa: E402
-from stream_task import HFStreamData, LitStreamData  # noqa: E402
-from webdataset_task import WebDatasetData  # noqa: E402
+from helpers.mosaic_task import MosaicData  # noqa: E402
+from helpers.stream_task import HFStreamData, LitStreamData  # noqa: E402
+from helpers.webdataset_task import WebDatasetData  # noqa: E402
 
-from template_package.engine.data.preparing import keeping_global_state  # noqa: E402
+from template_package.engine.data.preparing import prepare_keeping_global_state  # noqa: E402
 from template_package.engine.data.streams import ResumableStream  # noqa: E402
 
 
@@ -59,7 +59,7 @@ def build_loader(args, folder: Path):
     else:
         module = MosaicData(str(folder / "mds"), samples=args.samples, batch_size=args.batch_size,
                             num_workers=args.workers)  # fmt: skip
-    keeping_global_state(module.prepare_data)()
+    prepare_keeping_global_state(module)
     return module.train_dataloader()
 
 

@@ -103,7 +103,7 @@ def test_last_ckpt_is_written_when_due_and_when_training_ends(run_dir: Path, mon
 
 def test_checkpoint_snapshot_is_a_copy_that_training_cannot_change():
     """last.ckpt is written in the background from this snapshot while training goes on changing the weights."""
-    from template_package.engine.resume.last_checkpoint import snapshot
+    from template_package.engine.resume.durable import snapshot
 
     weights, progress = torch.ones(3), [1]
     state, copied = snapshot({"state_dict": {"w": weights}, "loops": {"done": progress}})
@@ -142,18 +142,18 @@ def test_print_config_shows_the_resolved_defaults(capsys):
 def test_every_moved_class_is_found_and_an_old_path_trains_with_the_new_class_and_one_warning(tmp_path, capsys):
     from importlib import import_module
 
+    from template_package.engine import ExactResume
     from template_package.engine.cli.moved_classes import MOVED
-    from template_package.engine.resume.trained_state import TrainedState
 
     for new in MOVED.values():
         module, name = new.rsplit(".", 1)
         assert isinstance(getattr(import_module(f"template_package.engine.{module}"), name), type), new
-    old = "template_package.engine.resume.rng.ResumableRNGState"  # (merged into TrainedState)
+    old = "template_package.engine.resume.rng.ResumableRNGState"  # (merged into TrainedState, then ExactResume)
     trainer = cli("fit", *QUICK, f"--trainer.default_root_dir={tmp_path}", f"--trainer.callbacks+={old}").trainer
-    assert sum(isinstance(callback, TrainedState) for callback in trainer.callbacks) == 1
+    assert sum(isinstance(callback, ExactResume) for callback in trainer.callbacks) == 1
     warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning: ")]
     assert warnings == [f"warning: the command line names {old}, which moved to template_package.engine.resume."
-                        "trained_state.TrainedState: read as the new one; update it (CHANGELOG.md)"]  # fmt: skip
+                        "exact_resume.ExactResume: read as the new one; update it (CHANGELOG.md)"]  # fmt: skip
 
 
 def test_a_config_naming_a_moved_class_is_read_through_a_copy_that_is_gone_when_the_command_ends(tmp_path, monkeypatch):

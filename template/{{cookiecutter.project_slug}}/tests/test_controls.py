@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow
 def killed_then_resumed_without(tmp_path, monkeypatch, args: list[str], mechanism: str, **kill_point):
     """Kill a run at `kill_point`, resume it in this process with `mechanism` switched off; returns its run directory.
 
-    rng_restore: TrainedState does not restore the random states; loader_state: the loader does not restore its
+    rng_restore: ExactResume does not restore the random states; loader_state: the loader does not restore its
     position; sampler_epoch: the engine's train loader starts at epoch 0's order, whatever the epoch."""
     from torchdata.stateful_dataloader import StatefulDataLoader
 
@@ -57,19 +57,19 @@ def test_without_it_a_resumed_run_is_not_exact(tmp_path, tmp_path_factory, monke
 
 
 def test_without_it_a_checkpoint_goes_live_before_its_steps_are_logged(run_dir, monkeypatch):
-    """LastCheckpoint writes a state at the hook after it was taken, once Lightning has logged the step before it:
+    """ExactResume writes a state at the hook after it was taken, once Lightning has logged the step before it:
     written at once instead, last.ckpt holds step S while step S-1 is not yet logged."""
 
-    from template_package.engine.resume.last_checkpoint import LastCheckpoint
+    from template_package.engine.resume.exact_resume import ExactResume
 
-    stage = LastCheckpoint._stage
+    stage = ExactResume._stage
 
     def stage_and_write_at_once(self, trainer):
         stage(self, trainer)
         self._write_staged(trainer)
         self._wait_for_write()
 
-    monkeypatch.setattr(LastCheckpoint, "_stage", stage_and_write_at_once)
+    monkeypatch.setattr(ExactResume, "_stage", stage_and_write_at_once)
     seen = log_steps_against_last_ckpt(run_dir, monkeypatch)
     assert any(step < saved for step, saved in seen)
 

@@ -14,7 +14,7 @@ import yaml
 from torch.utils.data import DataLoader
 
 import template_package
-from template_package.engine import LastCheckpoint, TrainedState
+from template_package.engine import ExactResume
 from template_package.engine.cli.main import DEFAULT_CONFIG_VARIABLE
 
 ENGINE = Path(template_package.__path__[0]) / "engine"
@@ -188,15 +188,15 @@ def test_the_engines_requirements_are_the_projects_dependencies_but_the_examples
 
 
 def test_resume_modules_keep_last_ckpt_with_a_bare_trainer(tmp_path):
-    """resume.py's callbacks in a plain Lightning Trainer, with a plain LightningModule of Lightning's own."""
+    """ExactResume in a plain Lightning Trainer, with a plain LightningModule of Lightning's own."""
     from lightning.pytorch.demos.boring_classes import BoringModel, RandomDataset
 
     L.seed_everything(0)
-    callbacks = [LastCheckpoint(str(tmp_path / "ckpt"), every_n_steps=5), TrainedState()]
-    # (LastCheckpoint is a Lightning Checkpoint: with it, Lightning adds no ModelCheckpoint of its own.)
+    callbacks = [ExactResume(str(tmp_path / "ckpt"), every_n_steps=5)]
+    # (ExactResume is a Lightning Checkpoint: with it, Lightning adds no ModelCheckpoint of its own.)
     trainer = L.Trainer(max_epochs=2, logger=False, enable_progress_bar=False, callbacks=callbacks,
                         limit_train_batches=6, limit_val_batches=0)  # fmt: skip
     trainer.fit(BoringModel(), DataLoader(RandomDataset(32, 64), batch_size=2))
     checkpoint = torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=True)
     assert checkpoint["global_step"] == 12 and "rng_states" in checkpoint
-    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["last.ckpt"]
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["last.ckpt"]  # (the run's .lock is beside it)

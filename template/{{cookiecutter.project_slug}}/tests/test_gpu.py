@@ -34,7 +34,7 @@ def test_mixed_precision_trains_on_cuda(tmp_path, precision):
 
 @needs_cuda
 def test_checkpoint_snapshot_copies_cuda_tensors_to_pinned_host_memory():
-    from template_package.engine.resume.last_checkpoint import snapshot
+    from template_package.engine.resume.durable import snapshot
 
     weights = torch.ones(1 << 20, device="cuda")
     state, copied = snapshot({"w": weights})

@@ -75,19 +75,19 @@ def controlled(tmp_path, code: str) -> list[str]:
 
 EPOCH_END_BEFORE_THE_MODULE = """
 from lightning.pytorch.trainer import call
-from template_package.engine.resume.last_checkpoint import LastCheckpoint
+from template_package.engine.resume.exact_resume import ExactResume
 
-module_hook, epoch_end = call._call_lightning_module_hook, LastCheckpoint.on_train_epoch_end
+module_hook, epoch_end = call._call_lightning_module_hook, ExactResume.on_train_epoch_end
 
 def before_the_module(trainer, hook_name, *args, **kwargs):
     if hook_name == "on_train_epoch_end":
         for callback in trainer.callbacks:
-            if isinstance(callback, LastCheckpoint):
+            if isinstance(callback, ExactResume):
                 epoch_end(callback, trainer, trainer.lightning_module)
     return module_hook(trainer, hook_name, *args, **kwargs)
 
 call._call_lightning_module_hook = before_the_module
-LastCheckpoint.on_train_epoch_end = lambda self, trainer, pl_module: None
+ExactResume.on_train_epoch_end = lambda self, trainer, pl_module: None
 """
 
 

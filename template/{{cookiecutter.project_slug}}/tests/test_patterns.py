@@ -12,6 +12,7 @@ import pytest
 import torch
 from helpers.cli import PROJECT_ROOT, QUICK, cli, extra_config
 from helpers.runs import (
+    KILL_POINTS,
     assert_kill_and_resume_exact,
     assert_same_run,
     reference_run,
@@ -24,6 +25,7 @@ from helpers.runs import (
 GAN = ["--model=null", "--model=helpers.patterns.ManualGAN", "--checkpoint.monitor=null"]
 HOOKS = ["--model=null", "--model=helpers.patterns.EpochHooksClassifier"]
 EMA = ["-c", str(PROJECT_ROOT / "configs" / "ema.yaml")]
+METRICS = ["--model=null", "--model=helpers.patterns.EpochMetricsClassifier"]
 BATCHES = 19  # the stand-in's batches an epoch
 TASKS = {"manual_gan": (GAN, 2), "epoch_hooks": (HOOKS, 1)}  # (options, optimizer steps a batch)
 
@@ -45,6 +47,15 @@ def test_a_run_killed_after_an_epoch_end_checkpoint_resumes_what_the_epoch_end_c
     if task == "manual_gan":
         assert [s["last_epoch"] for s in checkpoint["lr_schedulers"]] == [3, 3]
         assert checkpoint["state_dict"]["validations"] == 4  # the sanity check's and one an epoch
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kill_point", ["mid_second_epoch", "during_validation"])
+def test_torchmetrics_and_sums_logged_on_epoch_resume_to_the_epochs_values(tmp_path, tmp_path_factory, kill_point):
+    """Lightning's most common logging pattern (EpochMetricsClassifier) on the command line, SIGKILLed mid-epoch or in
+    a validation and resumed: its epoch values (train/acc, train/mean_loss, train/epoch_loss, val/acc_best) are the
+    uninterrupted run's, as are its weights."""
+    assert_kill_and_resume_exact(tmp_path, tmp_path_factory, METRICS, **KILL_POINTS[kill_point])
 
 
 @pytest.mark.slow

@@ -19,7 +19,7 @@ from helpers.stream_task import HeldOrder, HFStreamData, LitStreamData, Unseeded
 from torch.utils.data import DataLoader
 
 from template_package.engine.data import streams
-from template_package.engine.data.preparing import keeping_global_state
+from template_package.engine.data.preparing import prepare_keeping_global_state
 from template_package.engine.training import trainer as engine_trainer
 
 
@@ -205,7 +205,7 @@ def test_preparing_the_data_leaves_the_first_run_equal_to_a_later_one(tmp_path, 
     first, later = two_runs(tmp_path / "kept")
     assert first == later and len(first) == 6
     assert multiprocessing.get_start_method(allow_none=True) == start_method
-    monkeypatch.setattr(engine_trainer, "keeping_global_state", lambda prepare: prepare)
+    monkeypatch.setattr(engine_trainer, "keep_global_state_in_prepare_data", lambda owners: None)
     try:
         first, later = two_runs(tmp_path / "not_kept")
     finally:
@@ -285,7 +285,7 @@ def stream_loader(library: str, data: Path) -> DataLoader:
         module = HFStreamData(str(data / "json"))
     else:
         module = LitStreamData(str(data / "chunks"), num_workers=0)
-        keeping_global_state(module.prepare_data)()
+        prepare_keeping_global_state(module)
     return module.train_dataloader()
 
 

@@ -38,10 +38,10 @@ class FreezeAt(Callback):
         self.flush_logs, self.until_signal = flush_logs, until_signal
 
     def _freeze(self, trainer: L.Trainer) -> None:
-        from template_package.engine.resume.last_checkpoint import LastCheckpoint
+        from template_package.engine.resume.exact_resume import ExactResume
 
         for callback in trainer.callbacks:  # a write in flight finishes first: its kill point is tested on its own
-            if isinstance(callback, LastCheckpoint):
+            if isinstance(callback, ExactResume):
                 callback._wait_for_write()
         if self.flush_logs:
             for logger in trainer.loggers:

@@ -11,6 +11,9 @@ engine's recipe: the engine's guarantees must hold for each of them.
 - `SlowValidation`: a callback that makes each validation batch take a while, for signals that arrive there.
 - `WindowMeanLoss`: the stand-in classifier that logs the mean loss since its last logged step, from sums it keeps
   in memory only (a checkpoint between two logged steps loses them).
+- `EpochMetricsClassifier`: Lightning's most common logging pattern, lightning-hydra-template's: torchmetrics
+  objects updated in `training_step` and logged with the loss tensor on_epoch=True, and a best-so-far metric reset in
+  `on_train_start`.
 """
 
 import time
@@ -19,6 +22,8 @@ import torch
 import torch.nn.functional as F
 from lightning import Callback, LightningModule
 from torch import Tensor, nn
+from torchmetrics import MaxMetric, MeanMetric
+from torchmetrics.classification import MulticlassAccuracy
 
 from helpers.stand_in import StandInClassifier
 
@@ -155,3 +160,31 @@ class WindowMeanLoss(StandInClassifier):
             self.log("train/window_loss", self.loss_sum / self.losses)
             self.loss_sum, self.losses = 0.0, 0
         return loss
+
+
+class EpochMetricsClassifier(StandInClassifier):
+    """The stand-in classifier logging its epoch's accuracy and mean loss (torchmetrics objects) and its loss tensor
+    with on_epoch=True from `training_step`, and its best validation accuracy so far at each validation's end."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.train_acc, self.train_mean = MulticlassAccuracy(10, average="micro"), MeanMetric()
+        self.val_acc_best = MaxMetric()
+
+    def on_train_start(self) -> None:
+        self.val_acc_best.reset()  # (the sanity check's accuracy must not count)
+
+    def training_step(self, batch, batch_idx: int) -> Tensor:
+        images, targets = batch
+        logits = self(images)
+        loss = F.cross_entropy(logits, targets)
+        self.train_acc(logits, targets)
+        self.train_mean(loss)
+        self.log("train/acc", self.train_acc, on_step=False, on_epoch=True)
+        self.log("train/mean_loss", self.train_mean, on_step=False, on_epoch=True)
+        self.log("train/epoch_loss", loss, on_step=False, on_epoch=True)
+        return loss
+
+    def on_validation_epoch_end(self) -> None:
+        self.val_acc_best(self.val_acc.compute())
+        self.log("val/acc_best", self.val_acc_best.compute())

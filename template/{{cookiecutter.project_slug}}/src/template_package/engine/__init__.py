@@ -11,19 +11,15 @@ Your model and data import what they need from here, never from a room: `from ..
 """
 
 from .data.folds import check_fold, fold_indices
-from .data.loaders import ResumableLoaders
 from .data.sampling import sample_seed
 from .errors import UsageError
-from .resume.last_checkpoint import LastCheckpoint
-from .resume.trained_state import TrainedState
+from .resume.exact_resume import ExactResume
 from .training.recipe import TrainingRecipe
 from .training.schedulers import WarmupCosineSchedule
 from .training.trainer import Trainer
 
 __all__ = [
-    "LastCheckpoint",
-    "ResumableLoaders",
-    "TrainedState",
+    "ExactResume",
     "Trainer",
     "TrainingRecipe",
     "UsageError",

@@ -48,7 +48,7 @@ from lightning.pytorch.callbacks import Callback
 
 from .cli.help import program
 from .data.streams import saved_stream
-from .resume.last_checkpoint import LastCheckpoint
+from .resume.exact_resume import ExactResume
 from .training.steps import steps_in, training_steps
 
 ENGINE = __package__  # the class paths of the kit's own callbacks and logger
@@ -131,7 +131,7 @@ class StopAt(Callback):
     def _stop(self, trainer: L.Trainer) -> None:
         if training_steps(trainer) >= self.step and not self.marker.exists():
             for callback in trainer.callbacks:
-                if isinstance(callback, LastCheckpoint):
+                if isinstance(callback, ExactResume):
                     callback._wait_for_write()
             self.marker.write_text(str(training_steps(trainer)))
             os.kill(os.getpid(), self.signum)

@@ -10,12 +10,14 @@ lightning and torch.
 
 import contextlib
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 
 import lightning as L
 from lightning.pytorch.loops.fit_loop import _FitLoop as _FitLoop
 from lightning.pytorch.loops.loop import _Loop
+from lightning.pytorch.trainer.connectors.checkpoint_connector import _CheckpointConnector
 from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner as _EmptyStateDictLoadPlanner
 
 
@@ -139,18 +141,6 @@ PINNED = [
         "WeightAveraging._swap_models",
         parameters=("self", "pl_module"),
         why="puts the training weights back, as the callback does at a validation's end: no public method",
-    ),
-    Pinned(
-        "lightning.pytorch.trainer.trainer",
-        "Trainer",
-        attribute="_data_connector",
-        why="`prepare_data` is called by the trainer through it: no hook runs around it",
-    ),
-    Pinned(
-        "lightning.pytorch.trainer.connectors.data_connector",
-        "_DataConnector.prepare_data",
-        parameters=("self",),
-        why="as above",
     ),
     Pinned(
         "torch.amp",
@@ -286,6 +276,25 @@ PINNED = [
         why="calls each callback's hook unless it is not callable, which `leave_out_empty_batch_hooks` relies on: "
         "Lightning has no public way to say which hooks a callback uses",
     ),
+    Pinned(
+        "lightning.pytorch.trainer.connectors.checkpoint_connector",
+        "_CheckpointConnector._select_ckpt_path",
+        parameters=("self", "state_fn", "ckpt_path", "model_provided", "model_connected"),
+        why='the ckpt_path a fit was called with while Lightning resolves it (it turns None into "last" when an '
+        "OnExceptionCheckpoint is among the callbacks, before any hook runs): no argument or hook carries it",
+    ),
+    Pinned(
+        "lightning.pytorch.loops.training_epoch_loop",
+        "_TrainingEpochLoop",
+        attribute="_results",
+        why="the sums of the values a training epoch logs with on_epoch=True: no checkpoint holds them, no accessor",
+    ),
+    Pinned(
+        "lightning.pytorch.trainer.connectors.logger_connector.result",
+        "_ResultMetric",
+        attribute="cumulated_batch_size",
+        why="a logged mean's running sum of batch sizes, beside its `value`, `meta` and `is_tensor`: as above",
+    ),
 ]
 
 
@@ -320,6 +329,56 @@ def set_batches_that_stepped(trainer: L.Trainer, steps: int) -> None:
     trainer.fit_loop.epoch_loop._batches_that_stepped = steps
 
 
+def ckpt_path_being_resolved() -> tuple[L.Trainer, object] | None:
+    """While Lightning resolves a fit's `ckpt_path` (it reads an OnExceptionCheckpoint's `ckpt_path` for "last", and
+    for a fit without one, which it turns into "last"), the trainer and the `ckpt_path` the fit was called with, read
+    from the frame of its `_CheckpointConnector._select_ckpt_path` on the call stack; None at any other time."""
+    code = _CheckpointConnector._select_ckpt_path.__code__
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code is not code:
+        frame = frame.f_back
+    return None if frame is None else (frame.f_locals["self"].trainer, frame.f_locals["ckpt_path"])
+
+
+def epoch_sums(trainer: L.Trainer) -> dict[str, dict]:
+    """Lightning's running sums of the tensors this training epoch logged with on_epoch=True, by its key for each
+    (`<hook>.<name>`): `value`, and for a mean `cumulated_batch_size`. Lightning keeps them in the epoch loop's result
+    collection, which no checkpoint holds and no public accessor reads."""
+    return {
+        key: {"value": result.value, **({"cumulated_batch_size": result.cumulated_batch_size}
+                                        if result.meta.is_mean_reduction else {})}
+        for key, result in trainer.fit_loop.epoch_loop._results.items()
+        if result.is_tensor and result.meta.on_epoch and not result.has_reset
+    }  # fmt: skip
+
+
+def add_to_epoch_sums(trainer: L.Trainer, saved: dict[str, dict]) -> list[str]:
+    """Add `saved` sums (epoch_sums of a run that stopped) to the keys this process has logged since, each once: its
+    sum then holds one batch's value, so adding the saved sum to it keeps the order of Lightning's own additions (a
+    max or min is taken instead). The keys added."""
+    results, added = trainer.fit_loop.epoch_loop._results, []
+    for key, values in saved.items():
+        result = results.get(key)
+        if result is None or result.has_reset or not result.is_tensor:
+            continue
+        value = values["value"].to(result.value.device)
+        if result.meta.is_max_reduction or result.meta.is_min_reduction:
+            result.value = result.meta.reduce_fx(value, result.value)
+        else:
+            result.value = value + result.value
+        if "cumulated_batch_size" in values:
+            result.cumulated_batch_size = values["cumulated_batch_size"].to(value.device) + result.cumulated_batch_size
+        added.append(key)
+    return added
+
+
+def metrics_lightning_logs(trainer: L.Trainer) -> list:
+    """The torchmetrics Metrics the training epoch logged (`self.log(name, metric)`), which Lightning resets at the
+    epoch's end."""
+    results = trainer.fit_loop.epoch_loop._results
+    return [result.value for result in results.values() if not result.is_tensor]
+
+
 def full_checkpoint(trainer: L.Trainer) -> dict:
     """The trainer's whole state, the dict `trainer.save_checkpoint` would write."""
     return trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
@@ -329,11 +388,6 @@ def swap_in_training_weights(callback, module: L.LightningModule) -> None:
     """During a validation, put the training weights back into `module` (a WeightAveraging swapped the averaged in)."""
     if callback._average_model is not None:
         callback._swap_models(module)
-
-
-def wrap_prepare_data(trainer: L.Trainer, wrap) -> None:
-    """Run the trainer's call of `prepare_data` (the DataModule's and the module's) inside `wrap`."""
-    trainer._data_connector.prepare_data = wrap(trainer._data_connector.prepare_data)
 
 
 def unscales_in_its_step(optimizer) -> bool:

@@ -113,10 +113,11 @@ def _options(parser) -> list[str]:
 
 def take_run_dir(root: Path | RemoteRun, mode: str = "on") -> RunLock | ObjectLock | None:
     """Take the run directory for this fit (a folder, or a run in object storage), or stop: another live fit holds
-    it, or it cannot be written. `mode` is --run_lock: on, takeover (a lock in object storage, at once) or off."""
+    it, or it cannot be written. `mode` is --run_lock: on, takeover (a lock in object storage, at once) or off. A
+    folder's lock is the one the run's ExactResume holds too (shared: resume/run_lock.py)."""
     remote = isinstance(root, RemoteRun)
     shown = root.shown if remote else root
-    lock = None if mode == "off" else ObjectLock(root) if remote else RunLock(root)
+    lock = None if mode == "off" else ObjectLock(root) if remote else RunLock(root, shared=True)
     try:
         if isinstance(lock, ObjectLock):
             lock.acquire(takeover=mode == "takeover")

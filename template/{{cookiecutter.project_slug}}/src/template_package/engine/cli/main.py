@@ -28,18 +28,16 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveCon
 from lightning.pytorch.strategies import ModelParallelStrategy
 from lightning.pytorch.utilities.model_helpers import is_overridden
 
-from ..data.loaders import ResumableLoaders
 from ..errors import MACHINE_FAULTS, UsageError, is_a_users_mistake, one_line, original_error
 from ..internals import lightning_instantiator, subcommands_action
 from ..report.predictions import PredictionsCSV
 from ..resume.changes import ChangedModelSettings, check_resume_changes, loading_options
 from ..resume.durable import DurableCheckpointIO, replace_durably
-from ..resume.last_checkpoint import LastCheckpoint
+from ..resume.exact_resume import ExactResume
 from ..resume.object_lock import ObjectLock
 from ..resume.remote_run import MirroredCheckpointIO, RemoteRun, StoreSettings, StoreSync, is_url
 from ..resume.run_lock import RunLock, is_global_rank_zero
 from ..resume.stop_signals import STOP_SIGNALS
-from ..resume.trained_state import TrainedState
 from ..training.monitor import BestCheckpoints, follow_the_monitored_metric
 from ..training.steps import log_at_the_checkpoints_step, steps_in
 from ..training.trainer import Trainer
@@ -227,7 +225,7 @@ class ProjectCLI(LightningCLI):
         # Always present, configured under `checkpoint.*` and `last_checkpoint.*` (both in DIR/checkpoints), and
         # `predictions.*` (DIR/predictions.csv).
         parser.add_lightning_class_args(BestCheckpoints, "checkpoint")
-        parser.add_lightning_class_args(LastCheckpoint, "last_checkpoint")
+        parser.add_lightning_class_args(ExactResume, "last_checkpoint")
         parser.add_lightning_class_args(PredictionsCSV, "predictions")
         for key in ("checkpoint.dirpath", "last_checkpoint.dirpath"):
             parser.link_arguments("trainer.default_root_dir", key, compute_fn=checkpoint_dir)
@@ -352,6 +350,9 @@ class ProjectCLI(LightningCLI):
         self.trainer.callbacks[:] = [c for c in self.trainer.callbacks if not isinstance(c, PredictionsCSV)]
         if self.remote is not None:
             self._keep_in_the_store(self.trainer, self.remote)
+        for callback in self.trainer.callbacks:
+            if isinstance(callback, ExactResume):
+                callback.locks = self.config_init["fit"].run_lock != "off"
         if self.checkpoint is not None:  # the classes are built and the trainer knows its world size: nothing ran yet
             config = self.config_init["fit"]
             allowed = config.allow_change.split(",")
@@ -361,13 +362,10 @@ class ProjectCLI(LightningCLI):
             )
             if any(option.startswith("model.") for option in changed):
                 self.trainer.callbacks.append(ChangedModelSettings())
+            moves = check_world_size(config.ckpt_path, self.checkpoint, self.trainer, allowed)
             for callback in self.trainer.callbacks:
-                if isinstance(callback, TrainedState):
-                    callback.allowed = allowed
-            if check_world_size(config.ckpt_path, self.checkpoint, self.trainer, allowed):
-                for callback in self.trainer.callbacks:
-                    if isinstance(callback, ResumableLoaders):
-                        callback.world_size_may_change = True
+                if isinstance(callback, ExactResume):
+                    callback.allowed, callback.world_size_may_change = allowed, moves
         self._check_architecture()
 
     def _keep_in_the_store(self, trainer: L.Trainer, remote: RemoteRun) -> None:
@@ -418,7 +416,7 @@ def say_the_url(trainer: L.Trainer, remote: RemoteRun) -> None:
             callback.remote = remote
         elif isinstance(callback, BestCheckpoints):
             callback.moved = (str(remote.local), remote.shown)
-        elif isinstance(callback, LastCheckpoint):
+        elif isinstance(callback, ExactResume):
             callback.shown = remote.shown_path(callback.path)
 
 
@@ -441,7 +439,7 @@ def main(args: list[str] | None = None) -> ProjectCLI:
         if not stop.code and STOP_SIGNALS.exit_code is not None:
             raise SystemExit(STOP_SIGNALS.exit_code) from None
         if stop.code is not None and stop.code == STOP_SIGNALS.exit_code:
-            leave_process_group()  # every rank stops at the same step (resume.LastCheckpoint)
+            leave_process_group()  # every rank stops at the same step (resume.ExactResume)
         raise
     finally:
         exit_code = STOP_SIGNALS.exit_code

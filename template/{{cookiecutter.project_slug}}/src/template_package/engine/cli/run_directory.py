@@ -18,7 +18,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger, Logger
 
 from ..report.loggers import RunMLFlowLogger
-from ..resume.last_checkpoint import LastCheckpoint
+from ..resume.exact_resume import ExactResume, resolve_last
 from ..resume.remote_run import CHECKPOINTS, RemoteRun, fetch, is_url
 from ..resume.whole_checkpoint import is_checkpoint
 from ..training.steps import training_steps
@@ -34,7 +34,7 @@ def run_report(trainer: L.Trainer, run_dir: Path, shown: Callable[[Path | str], 
         if best.best_model_path:
             final += f", best {float(best.best_model_score):.4f}: {shown(best.best_model_path)}"
         lines.append(final)
-    last = run_dir / CHECKPOINTS / LastCheckpoint.FILENAME
+    last = run_dir / CHECKPOINTS / ExactResume.FILENAME
     if is_checkpoint(last):
         lines.append(f"last state (step {training_steps(trainer)}): {shown(last)}; continue it with --ckpt_path last")
     for logger in trainer.loggers:
@@ -52,19 +52,14 @@ def how_to_look_at(logger: Logger, shown: Callable[[Path | str], str] = str) -> 
 
 def resolve_resume(config, shown: Callable[[Path | str], str] = str) -> None:
     """Turn `--ckpt_path last` into this run's last.ckpt, and keep a fresh fit from overwriting a run (a smoke run,
-    `fast_dev_run`, writes no checkpoint, log or config: it may run in any run directory)."""
-    last = Path(config.last_checkpoint.dirpath) / LastCheckpoint.FILENAME
-    if config.ckpt_path == "last":
-        if is_checkpoint(last):  # a file, or a sharded folder (a link to one)
-            config.ckpt_path = str(last)
-        else:
-            print(f"fit --ckpt_path last: no {shown(last)} yet, starting a fresh run")
-            config.ckpt_path = None
-    elif config.ckpt_path is None and is_checkpoint(last) and not config.trainer.fast_dev_run:
-        raise SystemExit(
-            f"error: {shown(last.parent.parent)} already holds a run ({shown(last)}): resume it with --ckpt_path "
-            "last, or give a new --trainer.default_root_dir"
-        )
+    `fast_dev_run`, writes no checkpoint, log or config: it may run in any run directory): ExactResume's rule, before
+    anything is built."""
+    if config.ckpt_path in ("last", None):
+        last = Path(config.last_checkpoint.dirpath) / ExactResume.FILENAME
+        smoke, run = bool(config.trainer.fast_dev_run), Path(config.trainer.default_root_dir)
+        found = resolve_last(last, config.ckpt_path, smoke, "--ckpt_path last", "a new --trainer.default_root_dir",
+                             shown=shown, run=run)  # fmt: skip
+        config.ckpt_path = None if found is None else str(found)
 
 
 def local_path_of(path: str) -> str:
@@ -93,7 +88,7 @@ def work_in_the_store(config, remote: RemoteRun, fit: bool) -> None:
     loggers' files and config.yaml, and the checkpoint named (for a fit without one, last.ckpt: resolve_resume
     decides whether it resumes or refuses to start over it)."""
     remote.fetch_run()
-    last = f"{CHECKPOINTS}/{LastCheckpoint.FILENAME}"
+    last = f"{CHECKPOINTS}/{ExactResume.FILENAME}"
     if fit and config.ckpt_path in ("last", None):
         remote.fetch(last)
     elif is_url(config.ckpt_path):

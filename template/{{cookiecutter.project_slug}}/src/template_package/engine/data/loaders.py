@@ -23,7 +23,6 @@ import sys
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch.utils.data import (
     BatchSampler,
@@ -150,13 +149,13 @@ def resumable_loader(
     )
 
 
-class ResumableLoaders(Callback):
+class ResumableLoaders:
     """Makes the run's train loader resume exactly (`resumable_loader`), or says once why it cannot; and gives each
     validation loader without a generator one of its own. (A loader draws its workers' seed when its iterator is
     made: from the global generator, without one. With persistent workers a run that never stopped draws it in the
     sanity check, which Lightning isolates, and a resumed run, which skips the sanity check, at its first validation:
-    its random draws then differed from there on.) Added by the engine's Trainer to every
-    run; it wraps the loader methods of the DataModule, or else of the module.
+    its random draws then differed from there on.) A part of resume/exact_resume.py's ExactResume, which calls these
+    from its hooks; it wraps the loader methods of the DataModule, or else of the module.
 
     A train loader with drop_last reads epochs of whole global batches (training/batch_layout.py), and each checkpoint
     records its layout: a run resumed on the same number of processes goes on with it, and with `world_size_may_change`
@@ -181,7 +180,7 @@ class ResumableLoaders(Callback):
         self._loader_states: list | None = None  # the resumed checkpoint's loader states, which Lightning loads
         self._batches_done: tuple[int, int] | None = None  # (epoch, its batches trained) of a mid-epoch checkpoint
 
-    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+    def save(self, trainer: L.Trainer, checkpoint: dict) -> None:
         if self.layout is not None:
             checkpoint[LAYOUT] = self.layout.state()
         elif self._no_layout is not None:
@@ -191,7 +190,7 @@ class ResumableLoaders(Callback):
             trained = trainer.fit_loop.epoch_loop.batch_progress.current.processed
             checkpoint[DRAWN] = sampler.record(trained * per_batch * trainer.world_size)
 
-    def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+    def load(self, trainer: L.Trainer, checkpoint: dict) -> None:
         """Before Lightning restores the loops: on another number of processes, their batch counts are rewritten
         for the new layout (batch_layout.move_progress)."""
         self._saved, self._resume_at = saved_layout(checkpoint), None
@@ -208,14 +207,13 @@ class ResumableLoaders(Callback):
             raise UsageError(
                 f"the checkpoint was saved by {self._saved.world_size} processes and this run has "
                 f"{trainer.world_size}: resume it on {self._saved.world_size}, or with --allow_change world_size "
-                "(ResumableLoaders(world_size_may_change=True) in a Trainer's callbacks of your own)"
+                "(ExactResume's world_size_may_change = True in a Trainer of your own)"
             )
         self._loader_states = self._batches_done = None  # (the move reads on from the global position itself)
         self._resume_at = move_progress(checkpoint, self._saved, self._saved.on(trainer.world_size))
 
-    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        if stage != "fit":
-            return
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """When a fit sets up: wrap the owner's loader methods."""
         owner = trainer.datamodule if trainer.datamodule is not None else pl_module
         if "train_dataloader" in vars(owner) or not is_overridden("train_dataloader", owner):
             return  # wrapped by an earlier fit of the same objects, or no loader of its own
@@ -325,7 +323,7 @@ class ResumableLoaders(Callback):
                   file=sys.stderr)  # fmt: skip
         return loader
 
-    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         owner = trainer.datamodule if trainer.datamodule is not None else pl_module
         vars(owner).pop("train_dataloader", None)
         vars(owner).pop("val_dataloader", None)

@@ -19,6 +19,7 @@ from typing import Any, BinaryIO
 
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+from lightning_utilities.core.apply_func import apply_to_collection
 
 from .whole_checkpoint import is_sharded, read_whole
 
@@ -54,6 +55,26 @@ def replace_durably(written: Path, path: Path) -> None:
         fsync(written)
     os.replace(written, path)
     fsync(path.parent)
+
+
+def snapshot(checkpoint: dict) -> tuple[dict, torch.cuda.Event | None]:
+    """A copy of `checkpoint` that training cannot change: CPU tensors cloned, CUDA tensors copied to pinned host
+    memory without waiting for the GPU; the event (None without CUDA tensors) marks when those copies are done."""
+    on_cuda = False
+
+    def copy(tensor: torch.Tensor) -> torch.Tensor:
+        nonlocal on_cuda
+        if tensor.is_cuda:
+            on_cuda = True
+            return tensor.detach().to("cpu", non_blocking=True)  # a non-blocking device-to-host copy pins its target
+        return tensor.detach().clone()
+
+    state = apply_to_collection(checkpoint, torch.Tensor, copy)  # containers are rebuilt, so they are copies too
+    if not on_cuda:
+        return state, None
+    event = torch.cuda.Event()
+    event.record()
+    return state, event
 
 
 class _KeepsWriteErrors:

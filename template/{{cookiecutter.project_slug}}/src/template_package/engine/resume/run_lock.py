@@ -17,14 +17,15 @@ import os
 import socket
 from pathlib import Path
 
-# Descriptors of the locks this process holds. A forked child (a data loader worker) shares them, and a flock is
-# dropped only when every descriptor is closed: the child closes its copies at once, so a killed holder's workers,
-# which live on for a few seconds, do not keep the lock.
-_HELD: set[int] = set()
+# The locks this process holds: each file's descriptor and how many RunLocks hold it (the CLI and ExactResume take
+# one folder's lock both). A forked child (a data loader worker) shares the descriptors, and a flock is dropped only
+# when every descriptor is closed: the child closes its copies at once, so a killed holder's workers, which live on
+# for a few seconds, do not keep the lock.
+_HELD: dict[Path, list[int]] = {}
 
 
 def _close_held_locks_in_child() -> None:
-    for fd in _HELD:
+    for fd, _ in _HELD.values():
         os.close(fd)
     _HELD.clear()
 
@@ -42,28 +43,35 @@ class RunDirectoryBusy(RuntimeError):
 
 class RunLock:
     """An exclusive lock on a run directory (the file `filename` in it), held from `acquire` until `release` or the
-    end of the process."""
+    end of the process. `shared`: a lock this process holds already is shared (the CLI's and ExactResume's of one run)
+    rather than refused."""
 
-    def __init__(self, run_dir: Path, filename: str = ".lock") -> None:
+    def __init__(self, run_dir: Path, filename: str = ".lock", shared: bool = False) -> None:
         self.run_dir = Path(run_dir)
         self.path = self.run_dir / filename
-        self._fd: int | None = None
+        self.shared = shared
+        self._key: Path | None = None  # the lock file's resolved path while held
 
     def acquire(self) -> None:
-        """Take the lock (creating the directory), or raise RunDirectoryBusy naming the holder's host and PID."""
+        """Take the lock (creating the directory), or raise RunDirectoryBusy naming the holder's host and PID. A shared
+        lock is dropped when its last holder in this process releases it."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._key = self.path.resolve()
+        if self.shared and self._key in _HELD:
+            _HELD[self._key][1] += 1
+            return
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as error:
             os.close(fd)
+            self._key = None
             if error.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
                 raise
             raise RunDirectoryBusy(self.run_dir, self._holder()) from None
         os.ftruncate(fd, 0)
         os.write(fd, f"host {socket.gethostname()} pid {os.getpid()}\n".encode())
-        self._fd = fd
-        _HELD.add(fd)
+        _HELD[self._key] = [fd, 1]
 
     def _holder(self) -> str:
         """Who holds the lock, as it wrote itself into the file (empty for an instant after it took the lock)."""
@@ -73,10 +81,13 @@ class RunLock:
             return "another process"
 
     def release(self) -> None:
-        if self._fd is not None:
-            _HELD.discard(self._fd)
-            os.close(self._fd)  # closing the only descriptor drops the flock
-            self._fd = None
+        key, self._key = self._key, None
+        held = _HELD.get(key) if key is not None else None
+        if held is not None:
+            held[1] -= 1
+            if held[1] == 0:
+                del _HELD[key]
+                os.close(held[0])  # closing the only descriptor drops the flock
 
 
 def is_global_rank_zero() -> bool:

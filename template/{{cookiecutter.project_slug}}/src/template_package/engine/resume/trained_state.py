@@ -68,9 +68,10 @@ def modes_of(module: nn.Module) -> dict[str, bool]:
     return {name: sub.training for name, sub in module.named_modules()}
 
 
-class TrainedState(Callback):
+class TrainedState:
     """Records the generators (rng.RandomStates) and `observed` in each checkpoint and, on a resume, puts them back or
-    stops (see the module docstring). `allowed`: the `--allow_change` options of the resumed run."""
+    stops (see the module docstring); ExactResume calls these from its hooks. `allowed`: the `--allow_change` options
+    of the resumed run."""
 
     def __init__(self) -> None:
         self.random = RandomStates()
@@ -80,21 +81,15 @@ class TrainedState(Callback):
         self._moved_from: int | None = None  # the checkpoint's number of processes, when this run has another
         self._generators: list | None = None  # torch's generator states before the first step after a move
 
-    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+    def epoch_starts(self) -> None:
         self._modes = None  # (taken again at the epoch's first step: after every epoch-start hook)
 
-    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.random.validation_starts(trainer, pl_module)
-
-    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.random.validation_ended(pl_module)
-
-    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+    def save(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
         self.random.save(trainer, pl_module, checkpoint)
         modes = self._modes if self._modes is not None else modes_of(pl_module)
         checkpoint[KEY] = observed(pl_module, trainer.optimizers, modes, trainer.world_size)
 
-    def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+    def load(self, trainer: L.Trainer, checkpoint: dict) -> None:
         self.random.load(checkpoint)
         epochs = checkpoint["loops"]["fit_loop"]["epoch_progress"]["current"]
         mid_epoch = epochs["started"] > epochs["processed"]  # (else it goes on at the next epoch's start)
@@ -102,14 +97,16 @@ class TrainedState(Callback):
         saved_world_size = (checkpoint.get(KEY) or {}).get("world_size", trainer.world_size)
         self._moved_from = saved_world_size if saved_world_size != trainer.world_size else None
 
-    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+    def train_starts(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.random.restore(trainer, pl_module)  # (after Lightning has seeded and built the loaders)
         saved, self._saved = self._saved, None
         if saved is None:
             return
         if saved["state"] is not None:
             put_back(pl_module, saved["state"])
-            check_groups(trainer.optimizers, saved["state"]["param_groups"], pl_module)
+            # (A model's settings allowed to change: its groups take the new ones, changes.ChangedModelSettings.)
+            settings = not any(option.startswith("model.") for option in self.allowed)
+            check_groups(trainer.optimizers, saved["state"]["param_groups"], pl_module, settings)
         check_callbacks(trainer.callbacks, saved["callbacks"], self.allowed)
         if self._moved_from is not None:
             unsynced = [name for name, sub in pl_module.named_modules() if type(sub).__name__ in PER_DEVICE_NORMS]
@@ -117,13 +114,13 @@ class TrainedState(Callback):
                 self._notice(trainer, f"the model's BatchNorm layers ({', '.join(unsynced[:3])}) compute their "
                              "statistics per device and per batch, which another layout changes")  # fmt: skip
 
-    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int) -> None:
+    def batch_starts(self, pl_module: L.LightningModule) -> None:
         if self._modes is None:  # at an epoch's first step (after its start hooks), and a resumed run's first
             self._modes = modes_of(pl_module)
         if self._moved_from is not None and self._generators is None:
             self._generators = generator_states()
 
-    def on_before_backward(self, trainer: L.Trainer, pl_module: L.LightningModule, loss) -> None:
+    def before_backward(self, trainer: L.Trainer) -> None:
         if self._moved_from is None or self._generators is None:
             return
         drew = any(not torch.equal(a, b) for a, b in zip(self._generators, generator_states(), strict=True))
@@ -153,7 +150,8 @@ def put_back(module: nn.Module, saved: dict) -> None:
             subs[name].training = training
 
 
-def check_groups(optimizers: list, saved: list[list[dict]], module: nn.Module) -> None:
+def check_groups(optimizers: list, saved: list[list[dict]], module: nn.Module, settings: bool = True) -> None:
+    """Each optimizer's param groups are the checkpoint's: their parameters and, with `settings`, every setting."""
     live = param_groups_of(module, optimizers)
     if len(live) != len(saved):
         stop(f"the run has {len(live)} optimizers and the checkpoint {len(saved)}")
@@ -162,7 +160,7 @@ def check_groups(optimizers: list, saved: list[list[dict]], module: nn.Module) -
             stop(f"optimizer {index} has {len(groups)} param groups and the checkpoint's {len(saved_groups)}")
         for number, (group, saved_group) in enumerate(zip(groups, saved_groups, strict=True)):
             where = f"optimizer {index}'s param group {number}" + (f" ({group['name']})" if "name" in group else "")
-            for key in sorted(group.keys() | saved_group.keys()):
+            for key in sorted(group.keys() | saved_group.keys()) if settings else ["params"]:
                 if not same(group.get(key), saved_group.get(key)):
                     live_value, saved_value = group.get(key), saved_group.get(key)
                     if key == "params":  # (the first parameter that differs, not the whole lists)

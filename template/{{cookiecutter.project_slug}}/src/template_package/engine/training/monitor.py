@@ -30,12 +30,16 @@ class BestCheckpoints(ModelCheckpoint):
     It checks the monitored metric at the first validation (the sanity check's, or else the first of training): a
     module that does not log it stops there with one line naming what it does log, before any training is lost
     (Lightning's own check comes only at the first checkpoint, after a whole epoch). `monitor=None` keeps no best
-    checkpoints, only last.ckpt (resume/last_checkpoint.py), and says so once.
+    checkpoints, only last.ckpt (resume/exact_resume.py), and says so once.
 
     Args:
         filename: a ModelCheckpoint file name pattern; None: `metric_filename(monitor)`.
         **kwargs: ModelCheckpoint's own (monitor, mode, save_top_k, ...).
     """
+
+    # The name of a last file it would write with save_last, which ExactResume refuses: its folder's last.ckpt is
+    # ExactResume's, which Lightning's look-up of a fit's last checkpoint must not take for one of this callback's.
+    CHECKPOINT_NAME_LAST = "last-of-best"
 
     def __init__(self, filename: str | None = None, **kwargs) -> None:
         monitor = kwargs.get("monitor")

@@ -4,12 +4,12 @@
   directory `runs/default`, 20 epochs unless `max_steps` is given, deterministic kernels, clipping by global norm at
   1.0, metrics every 10 steps, `precision="auto"` (see `auto_precision`); TF32 matmuls on CUDA;
 - checkpoint files written atomically (durable.DurableCheckpointIO, unless a CheckpointIO plugin is given);
-- the engine's own callbacks, whatever the config lists, one a concern: every rank's RNG states in each checkpoint
-  and what else decides the next step, put back or checked on a resume (resume/trained_state.py), a train loader
-  that resumes exactly (data/loaders.py), and the run's settings a module cannot see when it is built: its
-  schedules' length and, when it optimizes manually, the configured clipping (run_settings.py);
+- the engine's own callbacks, whatever the config lists: exact resume (resume/exact_resume.py: last.ckpt, the
+  generators, the train loader, signals, the run's lock; with `enable_checkpointing=False` it writes nothing), and the
+  run's settings a module cannot see when it is built: its schedules' length and, when it optimizes manually, the
+  configured clipping (run_settings.py);
 - the checkpoint callbacks in the order Lightning expects: `trainer.checkpoint_callback` (what `ckpt_path="best"`
-  reads) is the best checkpoints' ModelCheckpoint, before any the config adds, and `LastCheckpoint` comes last;
+  reads) is the best checkpoints' ModelCheckpoint, before any the config adds, and `ExactResume` comes last;
 - each callback's batch hooks called only where its class implements them (internals.leave_out_empty_batch_hooks):
   Lightning calls every callback's six training-batch hooks at every batch, empty or not;
 - a DataModule's prepare_data that leaves the global random generators and the multiprocessing start method as they
@@ -26,19 +26,18 @@ from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies import ModelParallelStrategy
 
-from ..data.loaders import ResumableLoaders
-from ..data.preparing import keeping_global_state
+from ..data.preparing import forget_prepare_data, keep_global_state_in_prepare_data
 from ..errors import UsageError
-from ..internals import leave_out_empty_batch_hooks, wrap_prepare_data
+from ..internals import leave_out_empty_batch_hooks
 from ..resume.durable import DurableCheckpointIO
-from ..resume.last_checkpoint import LastCheckpoint
-from ..resume.trained_state import TrainedState
+from ..resume.exact_resume import ExactResume
 from .manual import keep_clipping_aside
 from .monitor import BestCheckpoints
 from .run_settings import RunSettings
 
-# The engine's own callbacks: added to every run that does not list one of the same class.
-ENGINE_CALLBACKS = (TrainedState, ResumableLoaders, RunSettings)
+# The engine's own callbacks: added to every run that does not list one of the same class (ExactResume to a run that
+# checkpoints).
+ENGINE_CALLBACKS = (ExactResume, RunSettings)
 DEFAULT_EPOCHS = 20  # when neither max_epochs nor max_steps is given (Lightning's own: 1000)
 # The precisions Lightning's Trainer takes, as its signature types them (without None).
 PRECISION_INPUT = Union[tuple(kind for kind in get_args(get_type_hints(L.Trainer.__init__)["precision"])  # noqa: UP007
@@ -53,12 +52,9 @@ def auto_precision() -> str:
     return "bf16-mixed" if torch.cuda.is_bf16_supported(including_emulation=False) else "16-mixed"
 
 
-CHECKPOINT_CALLBACKS = (ModelCheckpoint, LastCheckpoint)
-
-
 def checkpoint_order(callback: L.Callback) -> int:
-    """The engine's best checkpoints before any other ModelCheckpoint, LastCheckpoint after every other callback."""
-    kinds = (BestCheckpoints, ModelCheckpoint, LastCheckpoint)
+    """The engine's best checkpoints before any other ModelCheckpoint, ExactResume after every other callback."""
+    kinds = (BestCheckpoints, ModelCheckpoint, ExactResume)
     return next((place for place, kind in enumerate(kinds, 1) if isinstance(callback, kind)), 0)
 
 
@@ -77,7 +73,13 @@ def _described(method, description: str):
 @functools.wraps(L.Trainer.fit)
 def _fit(self: L.Trainer, model: L.LightningModule, *args, **kwargs) -> None:
     keep_clipping_aside(self, model)  # (Lightning refuses Trainer clipping for manual optimization)
-    return L.Trainer.fit(self, model, *args, **kwargs)
+    # The first run, which prepares the data, must train like every later one (data/preparing.py).
+    owners = [model, *(arg for arg in (*args, *kwargs.values()) if isinstance(arg, L.LightningDataModule))]
+    keep_global_state_in_prepare_data(owners)
+    try:
+        return L.Trainer.fit(self, model, *args, **kwargs)
+    finally:
+        forget_prepare_data(owners)
 
 
 CHECKPOINT_TO_EVALUATE = """
@@ -94,7 +96,7 @@ class Trainer(L.Trainer):
 
     Every other argument is Lightning's own; any Lightning precision string ("32-true", "bf16-mixed", "16-mixed",
     ...) is passed through unchanged. `enable_progress_bar=False` and `enable_checkpointing=False` also drop the
-    progress bar and checkpoint callbacks that the config adds.
+    progress bar and best-checkpoint callbacks that the config adds (ExactResume then writes nothing).
 
     Args:
         default_root_dir: the run directory: checkpoints/ (last.ckpt and the best by checkpoint.monitor),
@@ -129,11 +131,16 @@ class Trainer(L.Trainer):
         if not isinstance(accumulate, int) or accumulate < 1:
             raise UsageError(f"trainer.accumulate_grad_batches={accumulate!r} must be a whole number >= 1")
         # Switching a feature off also drops its callbacks from the config, where Lightning would refuse the mix.
-        for switch, kinds in (("enable_progress_bar", ProgressBar), ("enable_checkpointing", CHECKPOINT_CALLBACKS)):
+        for switch, kinds in (("enable_progress_bar", ProgressBar), ("enable_checkpointing", ModelCheckpoint)):
             if kwargs.get(switch) is False and kwargs.get("callbacks"):
                 kwargs["callbacks"] = [c for c in kwargs["callbacks"] if not isinstance(c, kinds)]
         callbacks = list(kwargs.get("callbacks") or [])
+        exact = [c for c in callbacks if isinstance(c, ExactResume)]  # one a run: the last (the CLI's, configured)
+        callbacks = [c for c in callbacks if not isinstance(c, ExactResume) or c is exact[-1]]
         callbacks += [kind() for kind in ENGINE_CALLBACKS if not any(isinstance(c, kind) for c in callbacks)]
+        if kwargs.get("enable_checkpointing") is False:  # the run stays exact and writes no checkpoint
+            next(c for c in callbacks if isinstance(c, ExactResume)).writes = False
+            kwargs["enable_checkpointing"] = True  # (Lightning refuses a Checkpoint callback otherwise)
         # Lightning runs Checkpoint callbacks last, in their order, and its first ModelCheckpoint is the run's
         # `checkpoint_callback`: the run's best checkpoints (the CLI's `--checkpoint`) first, last.ckpt's last.
         kwargs["callbacks"] = sorted(callbacks, key=checkpoint_order)
@@ -161,8 +168,6 @@ class Trainer(L.Trainer):
             gradient_clip_val=gradient_clip_val, gradient_clip_algorithm=gradient_clip_algorithm,
             deterministic=deterministic, log_every_n_steps=log_every_n_steps, **kwargs,
         )  # fmt: skip
-        # The first run, which prepares the data, must train like every later one (data/preparing.py).
-        wrap_prepare_data(self, keeping_global_state)
         # Lightning calls every callback's batch hooks at every batch: only those a callback implements are called.
         leave_out_empty_batch_hooks(self.callbacks)
 

@@ -1,125 +1,211 @@
-"""`last.ckpt`: the state a preempted or crashed run resumes from, what Lightning's own callbacks do not keep.
+"""Exact resume, as one Lightning callback: `ExactResume(dirpath=None, every_n_steps=1000)` in any Trainer's callbacks
+(a script's own `lightning.Trainer`, a Hydra `_target_`, a LightningCLI of your own, the engine's Trainer) keeps
+`dirpath/last.ckpt` (default `<default_root_dir>/checkpoints`), and `trainer.fit(model, data, ckpt_path="last")` goes
+on from it to the bits and logged values of the run that never stopped. It is what the engine's Trainer and CLI use
+for resume, and all they use.
 
-`LastCheckpoint` keeps `last.ckpt` at most `every_n_steps` optimizer steps behind training (or writes the state of
-every epoch that has fully ended, with `every_n_steps=0`), the final state once training ends, and the state at a
-stop signal (SIGTERM, SIGUSR1, Ctrl-C; see stop_signals.py). Lightning's `ModelCheckpoint(save_last=True)` with a
-monitored top-k rewrites it only when a new top-k file is written. This one writes atomically (durable.py: temporary
-file, fsync, rename), so a kill, a crash or a full disk at any instant leaves a loadable `last.ckpt`, and only once
-every step before the checkpoint's is logged. Training pays only for a copy of the state: serialisation, fsyncs
-and the rename run in a background thread.
+What is in last.ckpt, who writes each part and who puts it back:
 
-When it is written, all decided here: after an optimizer step whose count (training/steps.py) reaches a multiple of
-`every_n_steps`, never inside a gradient-accumulation window, and one due on an epoch's last batch at that epoch's
-end, after its validation and the module's epoch-end hook; at every epoch's end with `every_n_steps=0`; when training
-ends, whatever ended it; at a stop signal, after the current optimizer step (or, during a validation, the training
-state as the validation found it: validation.py). A run resumed from an epoch's end goes on with the next epoch
-(finished_epochs.py).
+| key | written by | put back |
+| --- | --- | --- |
+| state_dict, optimizer_states, lr_schedulers, epoch, global_step | Lightning | Lightning, loading it |
+| loops: progress, the train loader's position | Lightning | Lightning; finished epochs stay so (finished_epochs.py) |
+| callbacks: each callback's state_dict | Lightning | each callback; checked before the first step (trained_state.py) |
+| hyper_parameters, datamodule_hyper_parameters | Lightning, stored plain (loadable.py) | (the config builds them) |
+| training_steps | ExactResume (training/steps.py) | where a resumed run logs on; when the next write is due |
+| rng_states | rng.py RandomStates, every rank's | the same, when training starts |
+| trained_state | trained_state.py TrainedState | put back or checked when training starts |
+| batch_layout, no_batch_layout, drawn_order | data/loaders.py ResumableLoaders | the same, building the train loader |
+| epoch_state | epoch_state.py EpochState, every rank's | after the module's on_train_start; sums after a batch |
+| recipe_log_window | training/recipe.py TrainingRecipe (its own hook) | the same |
 
-Depends on torch, lightning and the engine's durable.py, finished_epochs.py, stop_signals.py and errors.py.
+When last.ckpt is written: after an optimizer step whose count (training/steps.py) reaches a multiple of
+`every_n_steps` (never inside a gradient-accumulation window; one due on an epoch's last batch at that epoch's end,
+after its validation and every epoch-end hook), at every epoch's end with `every_n_steps=0`, when training ends
+however it ended, and at a stop signal: SIGTERM, SIGUSR1 and Ctrl-C finish the current optimizer step (or validation
+batch: validation.py), write it and exit with 143, 138 or 130 (stop_signals.py). The state is copied in the training
+thread and written in the background, durably (durable.py), once every step before it is logged.
+
+A fit holds its run's lock (`.lock` beside `dirpath`, in the run directory: run_lock.py) from its start;
+`fit(ckpt_path="last")` resumes the folder's last.ckpt or, when it has none yet, trains from scratch with a notice; a
+fit without `ckpt_path` into a folder that holds a run is refused in one line. What needs a parsed command line stays
+with the CLI: the comparison of changed options, a run directory in object storage, purging what the killed run
+logged after its checkpoint.
+Depends on torch, lightning and the engine's resume/, data/loaders.py and training/steps.py.
 """
 
+import errno
 import signal
 import sys
+import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import Checkpoint
+from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
 from lightning.pytorch.plugins.io import AsyncCheckpointIO
 from lightning.pytorch.strategies import Strategy
-from lightning_utilities.core.apply_func import apply_to_collection
+from torch.multiprocessing import ProcessExitedException
 
+from ..data.loaders import ResumableLoaders
 from ..errors import UsageError
+from ..internals import ckpt_path_being_resolved
 from ..training.steps import KEY as STEPS
 from ..training.steps import steps_in, training_steps
-from .durable import CheckpointWriteError, DurableCheckpointIO
+from .durable import CheckpointWriteError, DurableCheckpointIO, snapshot
+from .epoch_state import EpochState
 from .finished_epochs import keep_finished_epochs_finished
+from .loadable import check_hyperparameters, check_loadable, store_plain
 from .remote_run import is_url, redacted
+from .run_lock import RunDirectoryBusy, RunLock, is_global_rank_zero
 from .stop_signals import STOP_SIGNALS
+from .trained_state import TrainedState
 from .validation import dump_checkpoint
+from .whole_checkpoint import is_checkpoint
+
+# Lightning's warnings about an OnExceptionCheckpoint's file, which ExactResume says in its own words.
+for _message in (r"`\.fit\(ckpt_path=None\)` was called without a model", r'\.fit\(ckpt_path="last"\) is set, but'):
+    warnings.filterwarnings("ignore", message=_message)
 
 
-def snapshot(checkpoint: dict) -> tuple[dict, torch.cuda.Event | None]:
-    """A copy of `checkpoint` that training cannot change: CPU tensors cloned, CUDA tensors copied to pinned host
-    memory without waiting for the GPU; the event (None without CUDA tensors) marks when those copies are done."""
-    on_cuda = False
+def resolve_last(
+    last: Path, asked, smoke: bool, option: str, elsewhere: str, say: bool = True, shown=str, run: Path | None = None
+) -> Path | None:
+    """The checkpoint a fit asked for with `asked` resumes: "last" is `last` when it is a checkpoint, else None, said
+    (where `say`); None is None, and a fit without a checkpoint over a run (its folder `run`, last's by default; a
+    smoke run, which writes nothing, may) is refused. `option` and `elsewhere` say how to ask for the run and for
+    another folder."""
+    if asked == "last":
+        if is_checkpoint(last):
+            return last
+        if say:
+            print(f"{option}: no {shown(last)} yet, starting a fresh run")
+        return None
+    if is_checkpoint(last) and not smoke:
+        raise UsageError(
+            f"{shown(run or last.parent)} already holds a run ({shown(last)}): resume it with {option}, or give "
+            f"{elsewhere}"
+        )
+    return None
 
-    def copy(tensor: torch.Tensor) -> torch.Tensor:
-        nonlocal on_cuda
-        if tensor.is_cuda:
-            on_cuda = True
-            return tensor.detach().to("cpu", non_blocking=True)  # a non-blocking device-to-host copy pins its target
-        return tensor.detach().clone()
 
-    state = apply_to_collection(checkpoint, torch.Tensor, copy)  # containers are rebuilt, so they are copies too
-    if not on_cuda:
-        return state, None
-    event = torch.cuda.Event()
-    event.record()
-    return state, event
-
-
-class LastCheckpoint(Checkpoint):
-    """Keeps `dirpath/last.ckpt` at most `every_n_steps` training steps behind training, writes the final state when
-    training ends (whatever ended it), and saves the state before a stopped run exits.
-
-    It is a Lightning `Checkpoint`, so Lightning calls its epoch-end hook after the module's own and after the other
-    callbacks' (as for its ModelCheckpoint): a state saved at an epoch's end holds everything the epoch's end changed
-    (schedules a module steps in `on_train_epoch_end`, say), and a run resumed from it goes on with the next epoch.
+class ExactResume(OnExceptionCheckpoint):
+    """Every resume guarantee of the engine in one callback (see the module docstring).
 
     Args:
-        dirpath: folder of `last.ckpt`; the CLI sets it to `<default_root_dir>/checkpoints`.
-        every_n_steps: write whenever the training step count (training/steps.py: optimizer steps under automatic
-            optimization, batches under manual optimization, the x-axis of the logs) reaches a multiple of this (0: at
-            every epoch end instead). A write comes right after an optimizer step, never inside a
-            gradient-accumulation window; one due on an epoch's last batch is made at the epoch end, after validation.
-            The default, 1000, bounds the loss on a crash, not on preemption (a stop signal saves the current step).
-            Each write copies the whole state: keep writes far enough apart that they cost little beside training.
+        dirpath: folder of `last.ckpt`; None: `<default_root_dir>/checkpoints`. The folder above it is the run's,
+            which one fit at a time holds (its `.lock`).
+        every_n_steps: write last.ckpt whenever the training step count (training/steps.py: optimizer steps under
+            automatic optimization, batches under manual optimization, the x-axis of the logs) reaches a multiple of
+            this (0: at every epoch end instead). The default, 1000, bounds the loss on a crash, not on preemption (a
+            stop signal saves the current step). Each write copies the whole state: keep writes far enough apart that
+            they cost little beside training.
 
-    On SIGTERM, SIGUSR1 (what SLURM and Kubernetes send before they stop a job) or Ctrl-C, training finishes the
-    current optimizer step (or the current validation batch), writes `last.ckpt` and exits with 128 + the signal
-    number (143, 138, 130), so that a scheduler sees a failure and requeues the job; `fit --ckpt_path last` then
-    resumes it exactly (a validation that was interrupted is done again, from its start). A write that fails (a full
-    disk, say) stops the run at the next optimizer step with `durable.CheckpointWriteError`; `last.ckpt` keeps the
-    previous state, byte for byte.
+    A write that fails (a full disk, say) stops the run at the next optimizer step with `durable.CheckpointWriteError`;
+    last.ckpt keeps the previous state, byte for byte. `allowed` (the CLI's `--allow_change`) lets options and
+    callbacks' states differ on a resume; `world_size_may_change` lets a run go on on another number of processes;
+    `locks=False` takes no lock (the CLI's `--run_lock off`).
     """
 
     FILENAME = "last.ckpt"
-
+    writes = True  # False: the run stays exact and writes no checkpoint (the engine's enable_checkpointing=False)
+    best_model_path = ""  # (it keeps no best checkpoint: Lightning's ckpt_path="best" then asks for a ModelCheckpoint)
     shown: str | None = None  # how its file is named in what it prints: a run in object storage's URL (set by the CLI)
 
-    def __init__(self, dirpath: str, every_n_steps: int = 1000) -> None:
+    def __init__(self, dirpath: str | Path | None = None, every_n_steps: int = 1000) -> None:
         if every_n_steps < 0:
             raise UsageError(f"every_n_steps={every_n_steps} must be >= 0 (0 writes at every epoch end)")
-        if is_url(dirpath):
+        if dirpath is not None and is_url(str(dirpath)):
             raise UsageError(
-                f"LastCheckpoint(dirpath={redacted(str(dirpath))!r}) is a URL: give it a local folder (the CLI keeps a "
+                f"ExactResume(dirpath={redacted(str(dirpath))!r}) is a URL: give it a local folder (the CLI keeps a "
                 "run directory in object storage through a local one, resume/remote_run.py)"
             )
-        self.dirpath = Path(dirpath)
+        super().__init__(dirpath, "last")
+        self.dirpath = None if dirpath is None else Path(dirpath)
         self.every_n_steps = every_n_steps
+        self.trained, self.loaders, self.epoch = TrainedState(), ResumableLoaders(), EpochState()
+        self.locks = True
+        self._lock: RunLock | None = None
         self._saved_at = -1  # the training steps of the state last staged, or of the checkpoint resumed
         self._staged_here: int | None = None  # the training steps of the state this process staged last
         self._staged: tuple[dict, torch.cuda.Event | None] | None = None  # a state waiting to be written
+        self._first_write = True  # (checked to load back with weights_only before it is written)
         self._io = DurableCheckpointIO()
         self._writer: ThreadPoolExecutor | None = None  # rank 0's writes, one at a time
         self._write: Future | None = None
         self._step_at_batch_start = -1
         self._exit_code: int | None = None
         self._owns_signals = False
+        self._resumed = False  # whether the metrics and sums of a resumed run are to be put back
+
+    @property
+    def allowed(self) -> list[str]:
+        return self.trained.allowed
+
+    @allowed.setter
+    def allowed(self, options: list[str]) -> None:
+        self.trained.allowed = options
+
+    @property
+    def world_size_may_change(self) -> bool:
+        return self.loaders.world_size_may_change
+
+    @world_size_may_change.setter
+    def world_size_may_change(self, may: bool) -> None:
+        self.loaders.world_size_may_change = may
 
     @property
     def path(self) -> Path:
         return self.dirpath / self.FILENAME
 
     @property
-    def tmp_path(self) -> Path:
-        return self.dirpath / (self.FILENAME + ".tmp")
+    def ckpt_path(self) -> str | None:
+        """What Lightning resumes for `fit(ckpt_path="last")`, and, as ExactResume is an OnExceptionCheckpoint, for a
+        `fit()` without ckpt_path too: last.ckpt for the first, nothing (or a refusal over a run) for the second."""
+        resolving = ckpt_path_being_resolved()
+        if resolving is None:  # (read by anything else than Lightning's resolution of a fit's ckpt_path)
+            return None if self.dirpath is None else str(self.path)
+        trainer, asked = resolving
+        self.dirpath = self.dirpath or Path(trainer.default_root_dir) / "checkpoints"
+        # (The ranks of ddp_spawn's processes are set up later: until then each says it is rank 0, as its launcher's
+        # environment does not.)
+        first = trainer.is_global_zero and is_global_rank_zero()
+        self._hold_the_run(first)
+        elsewhere = "the Trainer another default_root_dir, or ExactResume another dirpath"
+        last = resolve_last(self.path, asked, bool(trainer.fast_dev_run), 'fit(ckpt_path="last")', elsewhere, first)
+        return None if last is None else str(last)
+
+    def _hold_the_run(self, first: bool) -> None:
+        """Take the run's lock in its first process (the CLI may hold it already: then it is shared)."""
+        if self._lock is not None or not self.locks or not first:
+            return
+        lock = RunLock(self.dirpath.parent, shared=True)  # (the run's folder: <run dir>/checkpoints's)
+        try:
+            lock.acquire()
+        except RunDirectoryBusy as busy:
+            raise UsageError(
+                f"{self.dirpath.parent} is being trained by another fit ({busy.holder}): let it finish or stop it, or "
+                "give another folder"
+            ) from None
+        except OSError as error:
+            if error.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+                raise UsageError(f"cannot write {self.dirpath} ({error.strerror}): give another folder") from None
+            print(f"warning: cannot lock {self.dirpath} ({error.strerror}): make sure no other fit uses it",
+                  file=sys.stderr)  # fmt: skip
+            return
+        self._lock = lock
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
+        self.dirpath = self.dirpath or Path(trainer.default_root_dir) / "checkpoints"
+        for callback in trainer.callbacks:
+            if isinstance(callback, ModelCheckpoint) and callback.save_last:
+                raise UsageError(
+                    f"{type(callback).__name__}(save_last={callback.save_last!r}) writes a last.ckpt of its own beside "
+                    f"ExactResume's {self.path}, which a resume could take for it: set its save_last to False"
+                )
         checkpoint_io = trainer.strategy.checkpoint_io
         if isinstance(checkpoint_io, AsyncCheckpointIO):
             raise UsageError(
@@ -128,29 +214,45 @@ class LastCheckpoint(Checkpoint):
             )
         if isinstance(checkpoint_io, DurableCheckpointIO):
             self._io = checkpoint_io
+        check_hyperparameters([pl_module, trainer.datamodule])
         keep_finished_epochs_finished(trainer)  # (its epoch-end states resume exactly with max_steps set too)
+        # Lightning's "best" reads the first Checkpoint in the list: the callbacks that keep best checkpoints first. (A
+        # new list: Lightning is calling the setup hooks of this one.)
+        trainer.callbacks = sorted(trainer.callbacks, key=lambda callback: callback is self)
         if not STOP_SIGNALS.installed:  # the CLI installs them at start-up; a plain Trainer gets them here
             STOP_SIGNALS.install()
             self._owns_signals = True
+        self._hold_the_run(trainer.is_global_zero)
         if trainer.is_global_zero:
             self.dirpath.mkdir(parents=True, exist_ok=True)
             # A write killed half-way leaves only its temporary file behind; last.ckpt itself is intact.
-            self.tmp_path.unlink(missing_ok=True)
+            self.path.with_name(self.FILENAME + ".tmp").unlink(missing_ok=True)
             self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="last-checkpoint")
+        self.loaders.setup(trainer, pl_module)
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+        """Every checkpoint of the run (the best ones too) gets what a resume needs beyond Lightning's own."""
         checkpoint[STEPS] = training_steps(trainer)  # where a run resumed from it logs on (cli/run_directory.py)
+        self.trained.save(trainer, pl_module, checkpoint)
+        self.loaders.save(trainer, checkpoint)
+        self.epoch.save(trainer, pl_module, checkpoint)
+        store_plain(checkpoint)
 
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
         self._saved_at = steps_in(checkpoint)  # writing this state again would be a write mid-window
         # No sanity check in a resumed run: the run's start made it, and Lightning skips it mid-epoch itself, but at an
         # epoch boundary it would run the module's validation hooks once more than the run that never stopped did.
         trainer.num_sanity_val_steps = 0
+        self.trained.load(trainer, checkpoint)
+        self.loaders.load(trainer, checkpoint)  # (after: it rewrites the loops' batch counts of a moved run)
+        self.epoch.load(trainer, checkpoint)
+        self._resumed = True
 
     def on_sanity_check_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         STOP_SIGNALS.install()  # take the signals back from the handler Lightning has just installed
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.trained.train_starts(trainer, pl_module)
         self._saved_at = max(self._saved_at, 0)
         STOP_SIGNALS.install()
         STOP_SIGNALS.defer()  # from now on a signal is saved at the next optimizer step, see after_the_batch
@@ -164,15 +266,35 @@ class LastCheckpoint(Checkpoint):
 
         pl_module.on_train_batch_end = then_the_checkpoint
 
+    def _before_the_first_step(self, pl_module: L.LightningModule) -> None:
+        """After the module's on_train_start (which may reset its metrics, as the run that never stopped did at its
+        own start): the metrics of the epoch as the checkpoint holds them."""
+        if self._resumed:
+            self._resumed = False
+            self.epoch.before_the_first_step(pl_module)
+
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._before_the_first_step(pl_module)
+        self.trained.epoch_starts()
         self._write_staged_then_exit_if_stopping(trainer)
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int) -> None:
+        self._before_the_first_step(pl_module)
+        self.trained.batch_starts(pl_module)
         self._write_staged_then_exit_if_stopping(trainer)
         self._step_at_batch_start = trainer.global_step
 
+    def on_before_backward(self, trainer: L.Trainer, pl_module: L.LightningModule, loss) -> None:
+        self.trained.before_backward(trainer)
+
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._write_staged_then_exit_if_stopping(trainer)
+        self.trained.random.validation_starts(trainer, pl_module)
+        self.epoch.validation_starts(trainer, pl_module)
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.trained.random.validation_ended(pl_module)
+        self.epoch.validation_ended()
 
     def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
         """A signal during a validation of training stops it within a batch: the state saved is the training state
@@ -185,6 +307,7 @@ class LastCheckpoint(Checkpoint):
 
     def after_the_batch(self, trainer: L.Trainer) -> None:
         """After a training batch's hooks, the module's own included (see on_train_start)."""
+        self.epoch.after_the_batch(trainer)
         if trainer.global_step == self._step_at_batch_start:
             return  # inside an accumulation window: the optimizer has not stepped, the state is not a step's state
         stopping = self._stopping(trainer)  # (raises at once if a write failed)
@@ -207,6 +330,7 @@ class LastCheckpoint(Checkpoint):
         here is written at the next hook, once Lightning has logged the epoch's metrics; a signal during the epoch's
         last batch or its validation stops there, unless training ends anyway: then on_train_end writes the final
         state, and the process exits with the signal's code after it."""
+        self.epoch.epoch_ends(trainer)
         self._write_staged_then_exit_if_stopping(trainer)
         if self._training_ends(trainer):
             return  # (the last epoch's state is written by on_train_end, with the epoch counted as done)
@@ -227,8 +351,14 @@ class LastCheckpoint(Checkpoint):
             self._write_staged(trainer)
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        stopped_codes = [128 + signum for signum in STOP_SIGNALS.SIGNALS]
+        if isinstance(exception, ProcessExitedException) and exception.exit_code in stopped_codes:
+            raise SystemExit(exception.exit_code)  # (ddp_spawn's launching process: the stopped processes' code)
+        if isinstance(exception, KeyboardInterrupt) and self._writer is None:  # (before training, or that process)
+            raise SystemExit(128 + signal.SIGINT)
         vars(pl_module).pop("on_train_batch_end", None)  # the module's own hook again
-        if not isinstance(exception, OSError):  # after a failed write, do not try another
+        self.loaders.teardown(trainer, pl_module)
+        if not isinstance(exception, OSError | UsageError):  # after a failed write, do not try another
             self._write_staged(trainer)  # a state saved before the failing step is still a good one
         try:
             self._wait_for_write()
@@ -244,6 +374,7 @@ class LastCheckpoint(Checkpoint):
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
+        self.loaders.teardown(trainer, pl_module)
         vars(pl_module).pop("on_train_batch_end", None)  # the module's own hook again
         try:
             self._wait_for_write()
@@ -286,10 +417,13 @@ class LastCheckpoint(Checkpoint):
 
     def _stage(self, trainer: L.Trainer) -> None:
         """Take the trainer's full state now (every rank must call this); `_write_staged` writes it."""
-        if trainer.fast_dev_run or trainer.sanity_checking:
+        if trainer.fast_dev_run or trainer.sanity_checking or not self.writes:
             return  # a smoke run must not replace a real run's checkpoint
         self._wait_for_write()  # one write at a time, so snapshots cannot pile up in memory
         checkpoint = dump_checkpoint(trainer)  # on every rank
+        if self._first_write:
+            check_loadable(checkpoint, self.shown or self.path)
+        self._first_write = False
         if not self._writes_in_background(trainer):
             self._staged = (checkpoint, None)
         elif self._writer is not None:  # rank 0
@@ -343,3 +477,11 @@ class LastCheckpoint(Checkpoint):
         if self._owns_signals:
             STOP_SIGNALS.uninstall()
             self._owns_signals = False
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+
+    def __getstate__(self) -> dict:
+        """What a spawned process (`strategy="ddp_spawn"`) gets: the settings, none of this process's threads or
+        locks."""
+        return {**vars(self), "_writer": None, "_write": None, "_lock": None, "_staged": None}
