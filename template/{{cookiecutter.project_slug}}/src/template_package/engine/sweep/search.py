@@ -77,7 +77,7 @@ class SweepSettings:
     dir: str = "runs/sweep"  # DIR/trial-<number> run directories, study.db, best.yaml
     n_trials: int = 20  # trials in the whole study, whichever process runs them
     storage: str | None = None  # default sqlite:///DIR/study.db; postgresql+psycopg://USER@HOST:PORT/DB for machines
-    heartbeat: int = 60  # seconds between a trial's signs of life in a database server; silent 2x as long: taken over
+    heartbeat: int = 60  # seconds between a trial's heartbeats in a database server; silent twice as long: taken over
     seed: int = 0  # the sampler's seed: the same command gives the same trials
     metric: str | None = None  # what a trial is worth, its best value over its validations; None: checkpoint.monitor
     direction: str | None = None  # maximize or minimize; None: from checkpoint.mode
