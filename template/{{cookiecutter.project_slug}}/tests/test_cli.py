@@ -142,7 +142,7 @@ def test_print_config_shows_the_resolved_defaults(capsys):
 def test_every_moved_class_is_found_and_an_old_path_trains_with_the_new_class_and_one_warning(tmp_path, capsys):
     from importlib import import_module
 
-    from template_package.engine.cli.moved_classes import MOVED
+    from template_package.engine.cli.old_class_paths import MOVED
     from template_package.engine.resume.trained_state import TrainedState
 
     for new in MOVED.values():

@@ -56,8 +56,8 @@ from pathlib import Path
 import optuna
 import yaml
 
+from ..cli.exit_with_parent import EXIT_WITH_PARENT
 from ..cli.help import program
-from ..cli.parent import EXIT_WITH_PARENT
 from ..errors import UsageError
 from ..internals import study_storage, trial_id_of
 from ..resume import stop_signals
