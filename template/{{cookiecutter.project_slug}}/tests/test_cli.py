@@ -143,7 +143,7 @@ def test_every_moved_class_is_found_and_an_old_path_trains_with_the_new_class_an
     from importlib import import_module
 
     from template_package.engine import ExactResume
-    from template_package.engine.cli.moved_classes import MOVED
+    from template_package.engine.cli.old_class_paths import MOVED
 
     for new in MOVED.values():
         module, name = new.rsplit(".", 1)

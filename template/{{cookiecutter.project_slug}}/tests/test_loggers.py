@@ -61,3 +61,14 @@ def test_the_csv_logger_puts_a_prefix_before_every_name_as_lightnings_loggers_do
     logger.finalize("success")
     with (tmp_path / "metrics.csv").open(newline="") as file:
         assert list(csv.DictReader(file)) == [{"fold0-val/acc": "0.5", "step": "3"}]
+
+
+def test_the_csv_logger_writes_at_finalize_what_its_writer_holds_and_nothing_without_a_writer(tmp_path):
+    logger = RunCSVLogger(str(tmp_path / "run"))
+    logger.experiment.log_metrics({"val/acc": 0.5}, step=3)  # held by the writer until a save
+    assert not (tmp_path / "run" / "metrics.csv").exists()
+    logger.finalize("success")
+    with (tmp_path / "run" / "metrics.csv").open(newline="") as file:
+        assert list(csv.DictReader(file)) == [{"val/acc": "0.5", "step": "3"}]
+    RunCSVLogger(str(tmp_path / "unused")).finalize("success")  # (a process that logged nothing)
+    assert not (tmp_path / "unused").exists()

@@ -193,7 +193,7 @@ def test_a_machine_killed_mid_trial_is_taken_over_and_the_study_ends_as_if_it_ha
             time.sleep(0.02)
         os.kill(processes[0].pid, signal.SIGKILL)
         processes[0].wait()
-        os.kill(fit_pid, signal.SIGCONT)  # running again, it sees its sweep is gone and ends (cli/parent.py)
+        os.kill(fit_pid, signal.SIGCONT)  # running again, it sees its sweep is gone and ends (cli/exit_with_parent.py)
         deadline = time.monotonic() + 30
         while alive(fit_pid):
             assert time.monotonic() < deadline, f"the fit {fit_pid} of the killed sweep lives on"

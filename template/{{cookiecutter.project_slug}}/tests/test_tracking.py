@@ -74,3 +74,19 @@ def test_a_missing_tracking_extra_costs_one_line(run_dir, monkeypatch):
     with pytest.raises(SystemExit) as stop:
         cli("fit", "-c", str(config), f"--trainer.default_root_dir={run_dir}")
     assert stop.value.code == 'error: RunMLFlowLogger needs mlflow, which is not installed: pip install -e ".[mlflow]"'
+
+
+def test_a_logger_of_a_run_directory_continues_its_mlflow_run_and_logs_a_held_step_once(tmp_path):
+    from template_package.engine.report.loggers import RunMLFlowLogger
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    first = RunMLFlowLogger(uri, run_dir=str(tmp_path / "run"))
+    first.log_metrics({"val/acc": 0.5}, step=3)
+    first.finalize("success")
+    second = RunMLFlowLogger(uri, run_dir=str(tmp_path / "run"))  # the run resumed
+    assert second.run_id == first.run_id
+    second.log_metrics({"val/acc": 0.25}, step=3)  # held by the MLflow run already
+    second.log_metrics({"val/acc": 0.75}, step=4)
+    history = mlflow.MlflowClient(uri).get_metric_history(first.run_id, "val/acc")
+    assert sorted((metric.step, metric.value) for metric in history) == [(3, 0.5), (4, 0.75)]
+    assert RunMLFlowLogger(uri, run_dir=str(tmp_path / "other")).run_id != first.run_id

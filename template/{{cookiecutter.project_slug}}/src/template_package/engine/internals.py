@@ -270,6 +270,13 @@ PINNED = [
         "(tests/test_sharded.py shows the watcher reads the list the engine empties)",
     ),
     Pinned(
+        "lightning.pytorch.strategies",
+        "ModelParallelStrategy",
+        attribute="_data_parallel_size",
+        why="the data-parallel size once the processes are known: the constructor takes a number before the Trainer "
+        "says how many there are, and its 'auto' is the number of nodes",
+    ),
+    Pinned(
         "lightning.pytorch.trainer.call",
         "_call_callback_hooks",
         parameters=("trainer", "hook_name", "args", "monitoring_callbacks", "kwargs"),
@@ -388,6 +395,13 @@ def swap_in_training_weights(callback, module: L.LightningModule) -> None:
     """During a validation, put the training weights back into `module` (a WeightAveraging swapped the averaged in)."""
     if callback._average_model is not None:
         callback._swap_models(module)
+
+
+def set_data_parallel_size(strategy, size: int) -> None:
+    """Make a ModelParallelStrategy's data-parallel dimension `size` processes, before its `setup_environment` builds
+    the device mesh (which then keeps it): its constructor's `data_parallel_size` is fixed before the Trainer says how
+    many processes there are."""
+    strategy._data_parallel_size = size
 
 
 def unscales_in_its_step(optimizer) -> bool:

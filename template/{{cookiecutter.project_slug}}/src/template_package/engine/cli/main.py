@@ -52,9 +52,10 @@ from .checks import (
     names_a_class,
     take_run_dir,
 )
+from .exit_with_parent import exit_with_parent_if_asked
 from .help import TOOL_MODULES, TOOLS, ProjectArgumentParser, program, project_description
-from .moved_classes import updated_config, with_moved_classes
-from .parent import exit_with_parent_if_asked
+from .old_class_paths import updated_config, with_moved_classes
+from .own_defaults import default_classes, with_own_defaults
 from .run_directory import (
     checkpoint_dir,
     configure_loggers,
@@ -67,7 +68,6 @@ from .run_directory import (
     run_report,
     work_in_the_store,
 )
-from .switched_classes import default_classes, with_own_defaults
 
 ENGINE = __package__.rsplit(".", 1)[0]  # this engine, wherever it was copied
 

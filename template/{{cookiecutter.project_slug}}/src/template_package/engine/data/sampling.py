@@ -215,7 +215,8 @@ def drawing_from(seed: int):
 
 
 def seed_generators(seed: int) -> None:
-    """Torch's CPU generator (torch.manual_seed also seeds every accelerator: 100 times slower), Python's, NumPy's."""
+    """Torch's CPU generator, Python's, NumPy's: torch.manual_seed would also seed every accelerator, a cost this
+    call, made for every sample, does not need."""
     torch.default_generator.manual_seed(seed)
     random.seed(seed)
     np.random.seed(seed % 2**32)

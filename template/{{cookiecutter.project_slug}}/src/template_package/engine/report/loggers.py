@@ -95,14 +95,21 @@ class RunCSVLogger(CSVLogger):
     def __init__(self, save_dir: str = ".", purge_step: int | None = None, prefix: str = "") -> None:
         super().__init__(save_dir, name="", version="", prefix=prefix, flush_logs_every_n_steps=1)
         self.purge_step = purge_step
+        self._writer: _PurgingWriter | None = None  # made at the first write, on rank 0 alone
 
     @property
     @rank_zero_experiment  # (as Lightning's own: the other ranks get a stand-in, and never touch metrics.csv)
     def experiment(self) -> ExperimentWriter:
-        if self._experiment is None:
+        if self._writer is None:
             get_filesystem(self.root_dir).makedirs(self.root_dir, exist_ok=True)
-            self._experiment = _PurgingWriter(self.log_dir, self.purge_step)
-        return self._experiment
+            self._writer = _PurgingWriter(self.log_dir, self.purge_step)
+        return self._writer
+
+    @rank_zero_only
+    def finalize(self, status: str) -> None:
+        """Write what the writer holds yet, as Lightning's finalize does for its own writer; nothing without one."""
+        if self._writer is not None:
+            self.save()
 
 
 class RunMLFlowLogger(MLFlowLogger):
@@ -112,7 +119,8 @@ class RunMLFlowLogger(MLFlowLogger):
         tracking_uri: where MLflow stores runs. A database, e.g. `sqlite:///runs/mlflow.db` beside the run
             directories: MLflow 3.13 and later refuse the `file:./mlruns` store that Lightning's logger defaults to.
         experiment_name: the MLflow experiment.
-        run_dir: the run directory, tagged on the MLflow run to find it again; the CLI sets it.
+        run_dir: the run directory, tagged on the MLflow run to find it again; the CLI sets it. The MLflow run that
+            holds this tag is the one continued (Lightning's `run_id`); without one, a new run starts.
     """
 
     def __init__(self, tracking_uri: str, experiment_name: str = "default", run_dir: str = ".", **kwargs) -> None:
@@ -120,10 +128,9 @@ class RunMLFlowLogger(MLFlowLogger):
             raise ModuleNotFoundError('the MLflow logger needs mlflow: pip install -e ".[mlflow]"')
         self.run_dir = run_dir if "://" in run_dir else str(Path(run_dir).resolve())  # a folder, or a run's URL
         self.tracking_uri, self.experiment_name = tracking_uri, experiment_name
-        super().__init__(experiment_name=experiment_name, tracking_uri=tracking_uri, run_name=Path(run_dir).name,
-                         tags={"run_dir": self.run_dir}, **kwargs)  # fmt: skip
         self._logged: dict[str, set[int]] = {}  # steps the MLflow run holds, by metric
-        self._run_id = self._existing_run_id()
+        super().__init__(experiment_name=experiment_name, tracking_uri=tracking_uri, run_name=Path(run_dir).name,
+                         tags={"run_dir": self.run_dir}, run_id=self._existing_run_id(), **kwargs)  # fmt: skip
 
     def _existing_run_id(self) -> str | None:
         """The MLflow run of this run directory, if an earlier fit made one (and what it holds)."""

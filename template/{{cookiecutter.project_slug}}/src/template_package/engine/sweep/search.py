@@ -15,8 +15,8 @@ What Optuna alone does not do here:
   from its own last.ckpt (`fit --ckpt_path last`), and the finished study equals the one an uninterrupted sweep makes.
   A trial belongs to the process that holds `DIR/trial-<n>/.sweep.lock`, and with a database server also records its
   heartbeats: one whose process died is taken over, by a process on another machine too (from the start there,
-  unless DIR is shared). SIGTERM, SIGUSR1 and Ctrl-C reach the trial's `fit`, which saves and exits with 143, 138 or
-  130; so does the sweep.
+  unless DIR is shared). A stop signal (resume/stop_signals.py) reaches the trial's `fit`, which saves and exits with
+  the signal's code; so does the sweep.
 - Repeatable trials: TPE draws from a generator seeded with (`sweep.seed`, trial number), not once per process, so
   the same command gives the same trials, after a restart too.
 - Parallel sweeps that agree on the count: the same command in several processes splits `n_trials` between them,
@@ -56,10 +56,11 @@ from pathlib import Path
 import optuna
 import yaml
 
+from ..cli.exit_with_parent import EXIT_WITH_PARENT
 from ..cli.help import program
-from ..cli.parent import EXIT_WITH_PARENT
 from ..errors import UsageError
 from ..internals import study_storage, trial_id_of
+from ..resume import stop_signals
 from ..resume.remote_run import is_url, redacted
 from ..resume.run_lock import RunLock
 from .report import ReportToTrial, pruner
@@ -77,7 +78,7 @@ class SweepSettings:
     dir: str = "runs/sweep"  # DIR/trial-<number> run directories, study.db, best.yaml
     n_trials: int = 20  # trials in the whole study, whichever process runs them
     storage: str | None = None  # default sqlite:///DIR/study.db; postgresql+psycopg://USER@HOST:PORT/DB for machines
-    heartbeat: int = 60  # seconds between a trial's signs of life in a database server; silent 2x as long: taken over
+    heartbeat: int = 60  # seconds between a trial's heartbeats in a database server; silent twice as long: taken over
     seed: int = 0  # the sampler's seed: the same command gives the same trials
     metric: str | None = None  # what a trial is worth, its best value over its validations; None: checkpoint.monitor
     direction: str | None = None  # maximize or minimize; None: from checkpoint.mode
@@ -324,8 +325,6 @@ class TrialSeededTPESampler(optuna.samplers.BaseSampler):
 class Sweep:
     """Runs trials until the study has `n_trials`, taking over those whose process was lost first."""
 
-    STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
-
     def __init__(
         self, settings: SweepSettings, fit_args: list[str], study: optuna.Study, lock: StudyLock, stride: int = 0
     ) -> None:
@@ -338,7 +337,7 @@ class Sweep:
         self.stopped_by: int | None = None
 
     def run(self) -> None:
-        previous = {signum: signal.signal(signum, self._stop) for signum in self.STOP_SIGNALS}
+        previous = {signum: signal.signal(signum, self._stop) for signum in stop_signals.SIGNALS}
         try:
             while (claimed := self._next_trial()) is not None:
                 trial, claim = claimed
@@ -354,7 +353,7 @@ class Sweep:
         """Pass a stop signal to the trial's fit, which saves and exits; the sweep then exits with its code."""
         self.stopped_by = signum
         if self.fit is None or self.fit.poll() is not None:
-            raise SystemExit(128 + signum)
+            raise SystemExit(stop_signals.exit_code(signum))
         with contextlib.suppress(ProcessLookupError):  # (it may end this moment: the sweep then exits with its code)
             self.fit.send_signal(signum)
 
@@ -464,8 +463,9 @@ class Sweep:
             self.fit = start_trial(command, log)
             code = self.fit.wait()
         self.fit = None
-        if self.stopped_by is not None or code in (130, 138, 143):
-            raise SystemExit(128 + self.stopped_by if self.stopped_by else code)  # saved: the next sweep resumes it
+        stopped = {stop_signals.exit_code(signum) for signum in stop_signals.SIGNALS}
+        if self.stopped_by is not None or code in stopped:  # saved: the next sweep resumes it
+            raise SystemExit(stop_signals.exit_code(self.stopped_by) if self.stopped_by else code)
         return code
 
 

@@ -36,7 +36,7 @@ from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from ..errors import UsageError
-from ..internals import ranks_shown_running, stop_watching_ranks
+from ..internals import ranks_shown_running, set_data_parallel_size, stop_watching_ranks
 from ..resume import sharded_folders
 from ..resume.durable import keeping_write_errors
 
@@ -111,7 +111,7 @@ class ShardedStrategy(ModelParallelStrategy):
         self._set_configure_model = False
 
     def setup_environment(self) -> None:
-        self._data_parallel_size = self.num_nodes * self.num_processes  # data-parallel over every process
+        set_data_parallel_size(self, self.num_nodes * self.num_processes)  # data-parallel over every process
         trainer = self.lightning_module.trainer
         if any(isinstance(callback, WeightAveraging) for callback in trainer.callbacks):
             raise UsageError(
