@@ -7,6 +7,8 @@ import pytest
 import torch
 from helpers.cli import QUICK, cli
 from helpers.stand_in import StandInClassifier
+from lightning.pytorch.loggers import Logger
+from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
 
 from template_package.engine.training.recipe import weight_decay_groups
@@ -94,3 +96,56 @@ def test_a_warmup_cosine_stepped_without_a_length_raises():
     with pytest.raises(RuntimeError, match="stepped before it knew the run's length: call set_total_steps"):
         trainer.fit(model, DataLoader(data, batch_size=4))
     assert trainer.global_step == 1
+
+
+# --- The recipe's metrics are written at the steps Lightning writes `self.log`'s ------------------------------------
+
+
+class MemoryLogger(Logger):
+    """Every write of the loggers: (step, the metrics' names)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes: list[tuple[int, set[str]]] = []
+
+    name, version = "memory", 0
+
+    def log_hyperparams(self, params, *args, **kwargs) -> None:
+        pass
+
+    def log_metrics(self, metrics: dict, step: int | None = None) -> None:
+        self.writes.append((step, set(metrics)))
+
+
+class SelfLogging(StandInClassifier):
+    """The stand-in, logging a metric of its own at every step through `self.log`."""
+
+    def training_step(self, batch, batch_idx: int) -> Tensor:
+        loss = super().training_step(batch, batch_idx)
+        self.log("train/own", loss)
+        return loss
+
+
+class StopAt(L.Callback):
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        trainer.should_stop = trainer.should_stop or trainer.global_step == self.step + 1
+
+
+def test_the_recipe_writes_its_metrics_at_the_steps_lightning_writes_self_logs():
+    """Every log_every_n_steps (here 4) and at the step a run stops (a callback's should_stop, here after step 5):
+    train/loss where Lightning writes the module's own train/own (steps.logs_at); the recipe wrote none at the stop
+    before. lr is read before the optimizer step: at a stop decided after it, train/loss is written alone."""
+    data = TensorDataset(torch.rand(80, 1, 8, 8), torch.randint(0, 10, (80,)))
+    logger = MemoryLogger()
+    trainer = L.Trainer(
+        max_epochs=1, log_every_n_steps=4, logger=logger, callbacks=[StopAt(5)], enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False,
+    )  # fmt: skip
+    trainer.fit(SelfLogging(num_classes=10, in_channels=1), DataLoader(data, batch_size=4))
+    own = [step for step, names in logger.writes if "train/own" in names]
+    losses = [step for step, names in logger.writes if "train/loss" in names]
+    assert own == losses == [3, 5]
+    assert [step for step, names in logger.writes if "lr" in names] == [3]

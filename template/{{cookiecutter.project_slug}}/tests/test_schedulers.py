@@ -57,3 +57,19 @@ def test_factor_stays_at_minimum_after_the_end():
 def test_bad_warmup_is_refused_with_the_value(warmup, total, message):
     with pytest.raises(ValueError, match=message):
         resolve_warmup_steps(warmup, total)
+
+
+def test_get_last_lr_is_the_rate_that_trains_a_written_one_too():
+    """An LR written between steps is the one the next step trains with: get_last_lr() says so before that step, and
+    the schedule goes on from it (x the factor's change)."""
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    schedule = WarmupCosineSchedule(optimizer, warmup=0, total_steps=10)
+    optimizer.step()
+    schedule.step()
+    assert schedule.get_last_lr() == [warmup_cosine_factor(1, 0, 10, 0.0)]
+    optimizer.param_groups[0]["lr"] = 0.5
+    assert schedule.get_last_lr() == [0.5]
+    optimizer.step()
+    schedule.step()
+    expected = 0.5 / warmup_cosine_factor(1, 0, 10, 0.0) * warmup_cosine_factor(2, 0, 10, 0.0)
+    assert schedule.get_last_lr() == [pytest.approx(expected, rel=1e-12)]

@@ -280,6 +280,13 @@ PINNED = [
         "(tests/test_sharded.py shows the watcher reads the list the engine empties)",
     ),
     Pinned(
+        "torch.optim.lr_scheduler",
+        "LRScheduler",
+        attribute="_last_lr",
+        why="what get_last_lr() returns, after an allowed change wrote new rates into a restored schedule's groups: "
+        "only its step() writes it",
+    ),
+    Pinned(
         "lightning.pytorch.trainer.call",
         "_call_callback_hooks",
         parameters=("trainer", "hook_name", "args", "monitoring_callbacks", "kwargs"),
@@ -318,6 +325,12 @@ def batches_that_stepped(trainer: L.Trainer) -> int:
 def set_batches_that_stepped(trainer: L.Trainer, steps: int) -> None:
     """Move Lightning's logging step (an evaluation of a checkpoint logs at the step it was taken)."""
     trainer.fit_loop.epoch_loop._batches_that_stepped = steps
+
+
+def set_last_lrs(schedule) -> None:
+    """Make a torch LR schedule's get_last_lr() report the rates its optimizer's groups hold now, written there by
+    hand between two of its steps."""
+    schedule._last_lr = [group["lr"] for group in schedule.optimizer.param_groups]
 
 
 def full_checkpoint(trainer: L.Trainer) -> dict:

@@ -27,6 +27,7 @@ import yaml
 from lightning.pytorch.callbacks import Callback
 
 from ..errors import UsageError
+from ..internals import set_last_lrs
 from ..training.schedulers import WarmupCosineSchedule
 
 # Changing these changes what is computed: refused on a resume unless allowed with --allow_change.
@@ -152,7 +153,8 @@ class ChangedModelSettings(Callback):
             if isinstance(schedule, WarmupCosineSchedule):
                 schedule.warmup, schedule.min_lr_ratio = new["warmup"], new["min_lr_ratio"]
                 schedule.set_total_steps(schedule.total_steps)  # this step's rate from the new settings
-            schedule._last_lr = [group["lr"] for group in schedule.optimizer.param_groups]
+            else:
+                set_last_lrs(schedule)
 
 
 def _settings(group: dict) -> dict:

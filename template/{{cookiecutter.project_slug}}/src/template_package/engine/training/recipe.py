@@ -9,9 +9,9 @@ What it gives the subclass, with nothing more to write than `training_step` retu
   guides ask to watch: `train/grad_norm`, the total norm before clipping, and `train/clip_share`, the share of
   optimizer steps since the last log that were clipped;
 - `train/loss` (the mean over each optimizer step's global batch: its accumulation window, averaged over the
-  processes at logged steps only, so the same curve on any number of processes) and `lr`, written every
-  `log_every_n_steps` optimizer steps straight to the loggers (through `self.log` each value would cost a round
-  through Lightning's result collection every step);
+  processes at logged steps only, so the same curve on any number of processes) and `lr`, written at the steps
+  Lightning writes `self.log`'s values at (steps.logs_at) straight to the loggers (through `self.log` each value
+  would cost a round through Lightning's result collection every step);
 - a stop before a NaN or infinite loss reaches the weights, so the last checkpoint stays the last good state.
 
 A subclass that overrides one of the hooks below and still wants the recipe calls `super()` in it. Depends on torch,
@@ -30,7 +30,7 @@ from torch import Tensor, nn
 from ..errors import NonFiniteLoss, UsageError
 from ..internals import unscaled_yet, unscales_in_its_step
 from .schedulers import LR_GROUP, WarmupCosineSchedule
-from .steps import logged_step
+from .steps import logged_step, logs_at
 
 
 def weight_decay_groups(
@@ -105,8 +105,9 @@ class RecipeAdamW(torch.optim.AdamW):
 def set_schedule_lengths(trainer: L.Trainer) -> None:
     """Give every WarmupCosineSchedule of the run its length in optimizer steps, unless it has one (a resumed run
     keeps the length it started with). Called when training starts, by the engine's Trainer for any module and by
-    TrainingRecipe for a plain Trainer: reading `trainer.estimated_stepping_batches` in `configure_optimizers` builds
-    the train loader too early and silently skips restoring its position on resume (Lightning issue #20550)."""
+    TrainingRecipe for a plain Trainer, and not in `configure_optimizers`: reading `trainer.estimated_stepping_batches`
+    there builds the train loader too early and silently skips restoring its position on resume (Lightning issue
+    #20550)."""
     for config in trainer.lr_scheduler_configs:
         schedule = config.scheduler
         if not isinstance(schedule, WarmupCosineSchedule):
@@ -273,17 +274,11 @@ class TrainingRecipe(L.LightningModule):
                 "lower model.lr, check the inputs, or find the first bad operation with --trainer.detect_anomaly true"
             )
 
-    def _is_logging_step(self) -> bool:
-        """Whether the optimizer step now being taken is logged: as Lightning decides for its step metrics, when
-        (optimizer steps so far + 1) is a multiple of `log_every_n_steps`."""
-        every = self.trainer.log_every_n_steps
-        return bool(self.trainer.fast_dev_run) or (every > 0 and (self.trainer.global_step + 1) % every == 0)
-
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
         """Clip as Lightning does, by global norm or by value, on unscaled gradients, once per optimizer step, and
         keep the total norm before clipping for `train/grad_norm`: clip_grad_norm_'s own result when clipping by
         norm, so it costs nothing more; it stays on the device until a logged step reads it."""
-        logging = self._is_logging_step()  # (global_step counts this optimizer step only after it)
+        logging = logs_at(self.trainer, self.trainer.global_step)  # (it counts this optimizer step only after it)
         if logging:  # the rate this step is taken with (the schedule steps before on_train_batch_end)
             self._log.metrics = group_lrs(optimizer.param_groups)
         plugin = self.trainer.precision_plugin
@@ -309,9 +304,10 @@ class TrainingRecipe(L.LightningModule):
             torch.nn.utils.clip_grad_value_(params, gradient_clip_val)
 
     def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
-        """After an optimizer step the loggers write: train/loss, lr and the gradient metrics. Written straight to
-        the loggers, as Lightning's own LearningRateMonitor does: these values are looked at, not monitored, so
-        they are not in `trainer.callback_metrics`."""
+        """After an optimizer step the loggers write: train/loss, lr and the gradient metrics (those two gathered
+        before the step: at a stop decided after it, train/loss alone). Written straight to the loggers, as
+        Lightning's own LearningRateMonitor does: these values are looked at, not monitored, so they are not in
+        `trainer.callback_metrics`."""
         log = self._log
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
         if isinstance(loss, Tensor):  # Lightning divides each batch's loss by the accumulation: summed, their mean
@@ -320,8 +316,8 @@ class TrainingRecipe(L.LightningModule):
         if self.trainer.global_step == log.step_at_batch_start:  # inside an accumulation window: no optimizer step
             return
         window_loss, log.loss = log.loss, None
-        every, step = self.trainer.log_every_n_steps, logged_step(self.trainer)  # (Lightning's x-axis: steps.py)
-        if not (self.trainer.fast_dev_run or (every > 0 and (step + 1) % every == 0)):
+        step = logged_step(self.trainer)  # (Lightning's x-axis: steps.py)
+        if not logs_at(self.trainer, step):
             return
         metrics, log.metrics = log.metrics, {}
         if window_loss is not None:  # every process's share of the global batch (every process logs the same steps)

@@ -41,16 +41,15 @@ class WarmupCosineSchedule(LRScheduler):
     """Per-step warmup-cosine schedule on every param group's initial LR.
 
     `total_steps` may be left as None and given later with `set_total_steps`, once the run's length is known: the
-    engine's Trainer does that for every WarmupCosineSchedule of a run when training starts (recipe.py,
-    set_schedule_lengths); reading `trainer.estimated_stepping_batches` inside `configure_optimizers` builds the
-    train loader too early and silently skips restoring its position on resume (Lightning issue #20550). Until then
-    the LR is 0, and stepping the schedule raises: a forgotten call cannot train a whole run at LR 0.
+    engine's Trainer does that for every WarmupCosineSchedule of a run when training starts (recipe.set_schedule_lengths
+    says why then). Until then the LR is 0, and stepping the schedule raises: a forgotten call cannot train a whole
+    run at LR 0.
 
     The schedule owns every group's LR, groups added later included (a fine-tuning callback's): a group added at
-    step s joins with base LR = its LR / the factor at s, and an LR written into a group between steps becomes its
-    base LR the same way, before the optimizer steps: the written LR is the one that trains, and the schedule goes on
-    from it. Groups with the
-    same `LR_GROUP` value are one group split by decay rule (recipe.RecipeAdamW): a write to one applies to all.
+    step s joins with base LR = its LR / the factor at s, and an LR written into a group between steps (one that is
+    not the schedule's) becomes its base LR the same way, before the optimizer steps: the written LR is the one that
+    trains, and the schedule goes on from it. Groups with the same `LR_GROUP` value are one group split by decay rule
+    (recipe.RecipeAdamW): a write to one applies to all.
     """
 
     def __init__(
@@ -75,20 +74,25 @@ class WarmupCosineSchedule(LRScheduler):
         self.total_steps = total_steps
         for group, lr in zip(self.optimizer.param_groups, self.get_lr(), strict=True):
             group["lr"] = lr
-        self._last_lr = [group["lr"] for group in self.optimizer.param_groups]
+
+    def get_last_lr(self) -> list[float]:
+        """The LR each group trains with at the current step: the schedule's, or one written since (see the class
+        docstring)."""
+        return [group["lr"] for group in self.optimizer.param_groups]
 
     def step(self, epoch: int | None = None) -> None:
-        if hasattr(self, "_last_lr"):  # (not at the step LRScheduler's own __init__ takes)
+        if self.last_epoch >= 0:  # (not at the step LRScheduler's own __init__ takes, from last_epoch -1)
             self._adopt_written_lrs()
         super().step(epoch)
 
     def _adopt_written_lrs(self) -> None:
-        """Base LRs for groups added since the last step and for LRs written since then (see the class docstring)."""
+        """Base LRs for groups added since the last step and for LRs written since then: an LR other than the one the
+        schedule gives the group at this step (see the class docstring)."""
         groups = self.optimizer.param_groups
         factor = self._factor(self.last_epoch)
         written = {}
         for index, group in enumerate(groups):
-            if index >= len(self.base_lrs) or group["lr"] != self._last_lr[index]:
+            if index >= len(self.base_lrs) or group["lr"] != self.base_lrs[index] * factor:
                 written.setdefault(group.get(LR_GROUP, index), group["lr"])
         if not written:
             return
@@ -98,7 +102,6 @@ class WarmupCosineSchedule(LRScheduler):
             if lr is not None:
                 group["lr"] = lr
                 self.base_lrs[index] = lr / factor if factor else lr
-        self._last_lr = [group["lr"] for group in groups]
 
     def _factor(self, step: int) -> float:
         if self.total_steps is None:
