@@ -98,6 +98,36 @@ def test_a_warmup_cosine_stepped_without_a_length_raises():
     assert trainer.global_step == 1
 
 
+# --- The recipe's options: AdamW's betas and eps, the cosine's horizon ----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "flag, message",
+    [("--model.betas=[0.9, 1.5]", "model.betas=[0.9, 1.5]: give AdamW two decay rates in [0, 1), e.g. [0.9, 0.999]"),
+     ("--model.eps=-1", "model.eps=-1.0 is negative: give AdamW's epsilon >= 0, e.g. 1e-8"),
+     ("--model.decay_steps=0", "decay_steps=0 is not a number of optimizer steps >= 1: raise model.decay_steps, or "
+                               "set it to null (the run's length)"),
+     ("--model.decay_steps=10", "warmup of 10 optimizer steps (warmup=10.0) is not shorter than decay_steps=10, where "
+                                "the cosine ends: lower model.warmup or raise model.decay_steps")],
+    ids=["betas", "eps", "decay_steps", "warmup"],
+)  # fmt: skip
+def test_a_bad_optimizer_setting_is_refused_in_one_line_before_training(run_dir, flag, message):
+    with pytest.raises(SystemExit) as stop:
+        cli("fit", f"--trainer.default_root_dir={run_dir}", *QUICK, "--model.warmup=10", flag)
+    assert stop.value.code == f"error: {message}"
+    assert not (run_dir / "checkpoints" / "last.ckpt").exists()
+
+
+def test_a_horizon_of_its_own_needs_no_run_length_so_a_stream_trains_by_epochs(run_dir):
+    """With model.decay_steps a loader without a length trains without trainer.max_steps (refused without it:
+    test_loaders.py): 2 epochs of 20 batches, the last 10 steps at the floor."""
+    result = cli("fit", f"--trainer.default_root_dir={run_dir}", *QUICK, "--trainer.limit_train_batches=1.0",
+                 "--data=helpers.stand_in.UnresumableStandInData", "--model.decay_steps=30")  # fmt: skip
+    assert result.trainer.global_step == 40
+    assert result.model.lr_schedulers().total_steps is None
+    assert result.trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(0.003 * 0.01, rel=1e-12)
+
+
 # --- The recipe's metrics are written at the steps Lightning writes `self.log`'s ------------------------------------
 
 
