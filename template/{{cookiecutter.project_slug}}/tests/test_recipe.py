@@ -7,6 +7,8 @@ import pytest
 import torch
 from helpers.cli import QUICK, cli
 from helpers.stand_in import StandInClassifier
+from lightning.pytorch.loggers import Logger
+from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
 
 from template_package.engine.training.recipe import weight_decay_groups
@@ -94,3 +96,86 @@ def test_a_warmup_cosine_stepped_without_a_length_raises():
     with pytest.raises(RuntimeError, match="stepped before it knew the run's length: call set_total_steps"):
         trainer.fit(model, DataLoader(data, batch_size=4))
     assert trainer.global_step == 1
+
+
+# --- The recipe's options: AdamW's betas and eps, the cosine's horizon ----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "flag, message",
+    [("--model.betas=[0.9, 1.5]", "model.betas=[0.9, 1.5]: give AdamW two decay rates in [0, 1), e.g. [0.9, 0.999]"),
+     ("--model.eps=-1", "model.eps=-1.0 is negative: give AdamW's epsilon >= 0, e.g. 1e-8"),
+     ("--model.decay_steps=0", "decay_steps=0 is not a number of optimizer steps >= 1: raise model.decay_steps, or "
+                               "set it to null (the run's length)"),
+     ("--model.decay_steps=10", "warmup of 10 optimizer steps (warmup=10.0) is not shorter than decay_steps=10, where "
+                                "the cosine ends: lower model.warmup or raise model.decay_steps")],
+    ids=["betas", "eps", "decay_steps", "warmup"],
+)  # fmt: skip
+def test_a_bad_optimizer_setting_is_refused_in_one_line_before_training(run_dir, flag, message):
+    with pytest.raises(SystemExit) as stop:
+        cli("fit", f"--trainer.default_root_dir={run_dir}", *QUICK, "--model.warmup=10", flag)
+    assert stop.value.code == f"error: {message}"
+    assert not (run_dir / "checkpoints" / "last.ckpt").exists()
+
+
+def test_a_horizon_of_its_own_needs_no_run_length_so_a_stream_trains_by_epochs(run_dir):
+    """With model.decay_steps a loader without a length trains without trainer.max_steps (refused without it:
+    test_loaders.py): 2 epochs of 20 batches, the last 10 steps at the floor."""
+    result = cli("fit", f"--trainer.default_root_dir={run_dir}", *QUICK, "--trainer.limit_train_batches=1.0",
+                 "--data=helpers.stand_in.UnresumableStandInData", "--model.decay_steps=30")  # fmt: skip
+    assert result.trainer.global_step == 40
+    assert result.model.lr_schedulers().total_steps is None
+    assert result.trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(0.003 * 0.01, rel=1e-12)
+
+
+# --- The recipe's metrics are written at the steps Lightning writes `self.log`'s ------------------------------------
+
+
+class MemoryLogger(Logger):
+    """Every write of the loggers: (step, the metrics' names)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes: list[tuple[int, set[str]]] = []
+
+    name, version = "memory", 0
+
+    def log_hyperparams(self, params, *args, **kwargs) -> None:
+        pass
+
+    def log_metrics(self, metrics: dict, step: int | None = None) -> None:
+        self.writes.append((step, set(metrics)))
+
+
+class SelfLogging(StandInClassifier):
+    """The stand-in, logging a metric of its own at every step through `self.log`."""
+
+    def training_step(self, batch, batch_idx: int) -> Tensor:
+        loss = super().training_step(batch, batch_idx)
+        self.log("train/own", loss)
+        return loss
+
+
+class StopAt(L.Callback):
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        trainer.should_stop = trainer.should_stop or trainer.global_step == self.step + 1
+
+
+def test_the_recipe_writes_its_metrics_at_the_steps_lightning_writes_self_logs():
+    """Every log_every_n_steps (here 4) and at the step a run stops (a callback's should_stop, here after step 5):
+    train/loss where Lightning writes the module's own train/own (steps.logs_at); the recipe wrote none at the stop
+    before. lr is read before the optimizer step: at a stop decided after it, train/loss is written alone."""
+    data = TensorDataset(torch.rand(80, 1, 8, 8), torch.randint(0, 10, (80,)))
+    logger = MemoryLogger()
+    trainer = L.Trainer(
+        max_epochs=1, log_every_n_steps=4, logger=logger, callbacks=[StopAt(5)], enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False,
+    )  # fmt: skip
+    trainer.fit(SelfLogging(num_classes=10, in_channels=1), DataLoader(data, batch_size=4))
+    own = [step for step, names in logger.writes if "train/own" in names]
+    losses = [step for step, names in logger.writes if "train/loss" in names]
+    assert own == losses == [3, 5]
+    assert [step for step, names in logger.writes if "lr" in names] == [3]

@@ -25,9 +25,11 @@ def files(run_dir):
 
 @pytest.mark.parametrize(
     "flag, old, new",
-    [("--model.lr=0.5", 0.003, 0.5), ("--data.batch_size=32", 64, 32),
+    [("--model.lr=0.5", 0.003, 0.5), ("--model.weight_decay=0.1", 0.05, 0.1),
+     ("--model.betas=[0.9, 0.99]", [0.9, 0.999], [0.9, 0.99]), ("--model.eps=1e-6", 1e-8, 1e-6),
+     ("--model.decay_steps=8", None, 8), ("--data.batch_size=32", 64, 32),
      ("--trainer.accumulate_grad_batches=2", 1, 2), ("--seed_everything=7", 42, 7)],
-    ids=["lr", "batch_size", "accumulation", "seed"],
+    ids=["lr", "weight_decay", "betas", "eps", "decay_steps", "batch_size", "accumulation", "seed"],
 )  # fmt: skip
 def test_a_change_of_the_runs_math_is_refused_in_one_line(finished_run, flag, old, new):
     before = files(finished_run)
@@ -121,6 +123,26 @@ def test_an_allowed_change_is_applied(run_dir, capsys):
     lrs = dict(scalars(run_dir)["lr"])
     assert all(lrs[step] == pytest.approx(0.006 * 0.01, rel=1e-6) for step in range(6, 12))
     assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["hyper_parameters"]["lr"] == 0.006
+
+
+def test_an_allowed_change_of_adamw_and_the_horizon_is_applied(run_dir, capsys):
+    """--allow_change model.betas,model.eps,model.decay_steps: the restored optimizer's groups take the new betas and
+    eps, and the schedule the new horizon at its saved step: a 1-epoch run (6 steps) made 2 epochs long follows a
+    cosine that ends at step 9 (warmup 0.1 of it: 1 step), then stays at its floor."""
+    from template_package.engine.training.schedulers import warmup_cosine_factor
+
+    cli("fit", f"--trainer.default_root_dir={run_dir}", *ARGS, "--trainer.max_epochs=1")
+    resume(run_dir, *ARGS, "--model.betas=[0.8, 0.95]", "--model.eps=1e-6", "--model.decay_steps=9",
+           "--allow_change=model.betas,model.eps,model.decay_steps")  # fmt: skip
+    assert "model.decay_steps None -> 9" in capsys.readouterr().out
+    lrs = dict(scalars(run_dir)["lr"])
+    assert [lrs[step] for step in range(6, 12)] == [
+        pytest.approx(0.003 * warmup_cosine_factor(step, 1, 9, 0.01), rel=1e-6) for step in range(6, 12)
+    ]
+    checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
+    groups = checkpoint["optimizer_states"][0]["param_groups"]
+    assert [(group["betas"], group["eps"]) for group in groups] == [((0.8, 0.95), 1e-6)] * 2
+    assert checkpoint["lr_schedulers"][0]["decay_steps"] == 9
 
 
 def test_a_step_limited_run_made_longer_trains_the_added_steps(run_dir):

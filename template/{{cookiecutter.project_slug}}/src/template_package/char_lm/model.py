@@ -27,7 +27,7 @@ class CharTransformer(TrainingRecipe):
         dropout: dropout in the blocks.
         sample_chars: characters `predict` samples after each prompt.
         temperature: sampling temperature (lower: more likely characters).
-        recipe: lr, weight_decay, warmup, min_lr_ratio, fused_optimizer: see engine/training/recipe.py, TrainingRecipe.
+        recipe: the training recipe's options (lr, betas, warmup, decay_steps, ...): TrainingRecipe's arguments.
     """
 
     def __init__(

@@ -36,7 +36,7 @@ class ImageClassifier(TrainingRecipe):
         channels_last: keep conv weights and input images in channels-last (NHWC) memory layout, which the
             tensor-core convolution kernels of mixed precision on CUDA read without transposing. Checkpoints load
             either way; benchmarks/overhead.py --gpu --channels-last shows what it gains.
-        recipe: lr, weight_decay, warmup, min_lr_ratio, fused_optimizer: see engine/training/recipe.py, TrainingRecipe.
+        recipe: the training recipe's options (lr, betas, warmup, decay_steps, ...): TrainingRecipe's arguments.
     """
 
     def __init__(

@@ -277,6 +277,13 @@ PINNED = [
         "says how many there are, and its 'auto' is the number of nodes",
     ),
     Pinned(
+        "torch.optim.lr_scheduler",
+        "LRScheduler",
+        attribute="_last_lr",
+        why="what get_last_lr() returns, after an allowed change wrote new rates into a restored schedule's groups: "
+        "only its step() writes it",
+    ),
+    Pinned(
         "lightning.pytorch.trainer.call",
         "_call_callback_hooks",
         parameters=("trainer", "hook_name", "args", "monitoring_callbacks", "kwargs"),
@@ -384,6 +391,12 @@ def metrics_lightning_logs(trainer: L.Trainer) -> list:
     epoch's end."""
     results = trainer.fit_loop.epoch_loop._results
     return [result.value for result in results.values() if not result.is_tensor]
+
+
+def set_last_lrs(schedule) -> None:
+    """Make a torch LR schedule's get_last_lr() report the rates its optimizer's groups hold now, written there by
+    hand between two of its steps."""
+    schedule._last_lr = [group["lr"] for group in schedule.optimizer.param_groups]
 
 
 def full_checkpoint(trainer: L.Trainer) -> dict:

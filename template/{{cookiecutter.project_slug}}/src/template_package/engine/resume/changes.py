@@ -5,9 +5,10 @@ hyperparameters from the checkpoint over the command line, so `--model.lr 0.5` o
 the old rate; a changed `--data.batch_size` was applied, and the loader skipped past the end of the now shorter
 epoch. Here:
 
-- Settings that change the math of the run in flight (the model's and the data's, the seed, accumulation, precision,
-  clipping, the batches per epoch) are refused in one line that names the option, the checkpoint's value and the new
-  one. `--allow_change OPTION` (repeatable) applies such a change on purpose: the run goes on, no longer exact.
+- Settings that change the math of the run in flight (the model's and the data's, the recipe's lr, weight_decay,
+  betas, eps, warmup and decay_steps among them; the seed, accumulation, precision, clipping, the batches per epoch)
+  are refused in one line that names the option, the checkpoint's value and the new one. `--allow_change OPTION`
+  (repeatable) applies such a change on purpose: the run goes on, no longer exact.
 - Settings that may change (the run's length, logging, checkpoint cadence, loader workers, ...) are applied, with a
   one-line notice. A longer run (`trainer.max_epochs`, `trainer.max_steps`) keeps its LR schedule: the schedule ends
   where it was going to end, and the added steps train at its final rate (`model.lr` x `model.min_lr_ratio`); a
@@ -27,6 +28,8 @@ import yaml
 from lightning.pytorch.callbacks import Callback
 
 from ..errors import UsageError
+from ..internals import set_last_lrs
+from ..training.recipe import set_schedule_lengths
 from ..training.schedulers import WarmupCosineSchedule
 
 # Changing these changes what is computed: refused on a resume unless allowed with --allow_change.
@@ -89,10 +92,10 @@ def check_resume_changes(config, checkpoint: dict, ckpt_path: str, allowed: list
         shown = ", ".join(f"{option} {old!r} -> {value!r}" for option, (old, value) in changed.items())
         note = " (no longer an exact resume)" if math else ""
         lengths = [
-            schedule["total_steps"]
+            schedule.get("decay_steps") or schedule["total_steps"]
             for schedule in checkpoint.get("lr_schedulers", [])
-            if isinstance(schedule, dict) and schedule.get("total_steps")
-        ]  # (WarmupCosineSchedule's)
+            if isinstance(schedule, dict) and (schedule.get("decay_steps") or schedule.get("total_steps"))
+        ]  # (WarmupCosineSchedule's: where its cosine ends)
         if set(RUN_LENGTH) & changed.keys() and lengths:
             note += f"; the LR schedule keeps its length ({max(lengths)} steps): steps past it train at its final rate"
         shorter = [f"--{option} {old}" for option, (old, value) in changed.items() if is_shorter(option, old, value)]
@@ -123,9 +126,9 @@ class ChangedModelSettings(Callback):
     """Applies an allowed change of the model's settings (`--allow_change model.lr`) to the restored optimizer and
     schedule, for any module: Lightning restores them as they were saved, so the new model's optimizer settings would
     be lost. Each parameter group takes the settings the module's configure_optimizers gave it now (its learning
-    rate, weight decay, betas, ...); the schedule's base rates follow, and a WarmupCosineSchedule takes the new warmup
-    and final ratio too, at its saved length and step. Any other schedule goes on from its restored rate, scaled by
-    new / old base rate. The CLI adds it to a fit that resumes with such a change."""
+    rate, weight decay, betas, eps, ...); the schedule's base rates follow, and a WarmupCosineSchedule takes the new
+    warmup, final ratio and decay_steps too, at its saved length and step. Any other schedule goes on from its
+    restored rate, scaled by new / old base rate. The CLI adds it to a fit that resumes with such a change."""
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # Called after configure_optimizers, before Lightning restores the optimizers and schedules.
@@ -150,9 +153,21 @@ class ChangedModelSettings(Callback):
             schedule = config.scheduler
             schedule.base_lrs = [group.get("initial_lr", group["lr"]) for group in schedule.optimizer.param_groups]
             if isinstance(schedule, WarmupCosineSchedule):
-                schedule.warmup, schedule.min_lr_ratio = new["warmup"], new["min_lr_ratio"]
-                schedule.set_total_steps(schedule.total_steps)  # this step's rate from the new settings
-            schedule._last_lr = [group["lr"] for group in schedule.optimizer.param_groups]
+                apply_schedule_settings(trainer, schedule, new)
+            else:
+                set_last_lrs(schedule)
+
+
+def apply_schedule_settings(trainer: L.Trainer, schedule: WarmupCosineSchedule, new: dict) -> None:
+    """The new warmup, final ratio and decay_steps, at the schedule's saved step: this step's rate from them."""
+    schedule.warmup, schedule.min_lr_ratio, schedule.decay_steps = (
+        new["warmup"], new["min_lr_ratio"], new.get("decay_steps"))  # fmt: skip
+    try:
+        if schedule.horizon is None:  # (decay_steps dropped: the cosine ends at the run's length, known from now)
+            set_schedule_lengths(trainer)
+        schedule.refresh()
+    except ValueError as mistake:
+        raise UsageError(str(mistake)) from None
 
 
 def _settings(group: dict) -> dict:

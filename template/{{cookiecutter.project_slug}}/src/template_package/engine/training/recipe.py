@@ -1,17 +1,19 @@
 """The training recipe, for any LightningModule: subclass `TrainingRecipe` instead of `LightningModule`.
 
 What it gives the subclass, with nothing more to write than `training_step` returning the loss:
-- AdamW in two parameter groups: weight matrices decay, biases and norm weights (1-D) do not, groups a fine-tuning
-  callback adds later too (RecipeAdamW), and a rate of its own for a submodule (`lr_scale`);
+- AdamW (its `betas` and `eps` are options) in two parameter groups: weight matrices decay, biases and norm weights
+  (1-D) do not, groups a fine-tuning callback adds later too (RecipeAdamW), and a rate of its own for a submodule
+  (`lr_scale`);
 - linear warmup then cosine (schedulers.WarmupCosineSchedule), stepped once per optimizer step, so it stays right
-  for any gradient accumulation; the engine's Trainer gives it the run's length;
+  for any gradient accumulation; the cosine ends at the run's length, which the engine's Trainer gives it, or at
+  `decay_steps`;
 - clipping by norm on unscaled gradients (under 16-mixed too, fused optimizers included), and what the training-loop
   guides ask to watch: `train/grad_norm`, the total norm before clipping, and `train/clip_share`, the share of
   optimizer steps since the last log that were clipped;
 - `train/loss` (the mean over each optimizer step's global batch: its accumulation window, averaged over the
-  processes at logged steps only, so the same curve on any number of processes) and `lr`, written every
-  `log_every_n_steps` optimizer steps straight to the loggers (through `self.log` each value would cost a round
-  through Lightning's result collection every step);
+  processes at logged steps only, so the same curve on any number of processes) and `lr`, written at the steps
+  Lightning writes `self.log`'s values at (steps.logs_at) straight to the loggers (through `self.log` each value
+  would cost a round through Lightning's result collection every step);
 - a stop before a NaN or infinite loss reaches the weights, so the last checkpoint stays the last good state.
 
 A subclass that overrides one of the hooks below and still wants the recipe calls `super()` in it. Depends on torch,
@@ -29,8 +31,8 @@ from torch import Tensor, nn
 
 from ..errors import NonFiniteLoss, UsageError
 from ..internals import unscaled_yet, unscales_in_its_step
-from .schedulers import LR_GROUP, WarmupCosineSchedule
-from .steps import logged_step
+from .schedulers import LR_GROUP, WarmupCosineSchedule, resolve_warmup_steps
+from .steps import logged_step, logs_at
 
 
 def weight_decay_groups(
@@ -104,9 +106,10 @@ class RecipeAdamW(torch.optim.AdamW):
 
 def set_schedule_lengths(trainer: L.Trainer) -> None:
     """Give every WarmupCosineSchedule of the run its length in optimizer steps, unless it has one (a resumed run
-    keeps the length it started with). Called when training starts, by the engine's Trainer for any module and by
-    TrainingRecipe for a plain Trainer: reading `trainer.estimated_stepping_batches` in `configure_optimizers` builds
-    the train loader too early and silently skips restoring its position on resume (Lightning issue #20550)."""
+    keeps the length it started with) or needs none (its cosine ends at `decay_steps`). Called when training starts,
+    by the engine's Trainer for any module and by TrainingRecipe for a plain Trainer, and not in
+    `configure_optimizers`: reading `trainer.estimated_stepping_batches` there builds the train loader too early and
+    silently skips restoring its position on resume (Lightning issue #20550)."""
     for config in trainer.lr_scheduler_configs:
         schedule = config.scheduler
         if not isinstance(schedule, WarmupCosineSchedule):
@@ -116,7 +119,7 @@ def set_schedule_lengths(trainer: L.Trainer) -> None:
                 "WarmupCosineSchedule is stepped once per epoch: it counts optimizer steps; return it from "
                 "configure_optimizers as {'optimizer': ..., 'lr_scheduler': {'scheduler': ..., 'interval': 'step'}}"
             )
-        if schedule.total_steps is not None:
+        if schedule.total_steps is not None or schedule.decay_steps is not None:
             continue
         total_steps = trainer.estimated_stepping_batches  # max_steps, or epochs x ceil(batches / accumulation)
         total_steps = min(total_steps, scheduled_accumulation_steps(trainer))
@@ -199,13 +202,21 @@ class TrainingRecipe(L.LightningModule):
     Args:
         lr: peak learning rate, reached at the end of warmup.
         weight_decay: AdamW decay of weight matrices; biases and norm weights never decay.
-        warmup: linear warmup, as a fraction of the run (< 1) or a number of optimizer steps (>= 1).
-        min_lr_ratio: the cosine ends at lr * min_lr_ratio.
+        warmup: linear warmup, as a share of the cosine's horizon (< 1: of the run, or of decay_steps) or a number of
+            optimizer steps (>= 1).
+        min_lr_ratio: the cosine ends at lr * min_lr_ratio (nanoGPT's min_lr / learning_rate).
         fused_optimizer: AdamW's fused implementation, one kernel for all parameters instead of a few per tensor
             (CUDA and CPU). Deterministic, so runs repeat and resume exactly, but its rounding differs from the
             default AdamW's: its runs are not bit-identical to runs without it.
         lr_scale: a factor of `lr` for a submodule's parameters, by its name (`{"backbone": 0.1}`: a pretrained
             backbone at a tenth of the head's rate). Its LR is logged as `lr/backbone`.
+        betas: AdamW's decay rates of its running means of the gradient and of its square, each in [0, 1) (nanoGPT
+            trains with [0.9, 0.99]: a lower second rate follows a change in the gradients' size sooner).
+        eps: AdamW's epsilon, added to the root of the squared gradients' mean before it divides: it bounds the
+            step of a parameter whose gradients are all tiny.
+        decay_steps: the optimizer step at which the cosine reaches lr * min_lr_ratio; the rate stays there after
+            it, however long the run (nanoGPT's lr_decay_iters), and a fractional warmup is a share of it. null:
+            the run's length.
     """
 
     def __init__(
@@ -216,19 +227,29 @@ class TrainingRecipe(L.LightningModule):
         min_lr_ratio: float = 0.01,
         fused_optimizer: bool = False,
         lr_scale: dict[str, float] | None = None,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        decay_steps: int | None = None,
     ) -> None:
         super().__init__()
+        check_settings(betas, eps, warmup, decay_steps)
         self.lr, self.weight_decay, self.warmup, self.min_lr_ratio = lr, weight_decay, warmup, min_lr_ratio
         self.fused_optimizer, self.lr_scale = fused_optimizer, dict(lr_scale or {})
+        self.betas, self.eps, self.decay_steps = tuple(betas), eps, decay_steps
         self._log = LogWindow()
 
     def configure_optimizers(self):
         groups = weight_decay_groups(self, self.weight_decay, self.lr, self.lr_scale)
         fused = self.fused_optimizer or None  # None: torch's default
-        optimizer = RecipeAdamW(groups, self.weight_decay, module=self, lr=self.lr, fused=fused)
-        schedule = WarmupCosineSchedule(optimizer, self.warmup, min_lr_ratio=self.min_lr_ratio)
+        optimizer = RecipeAdamW(
+            groups, self.weight_decay, module=self, lr=self.lr, betas=self.betas, eps=self.eps, fused=fused
+        )
+        schedule = WarmupCosineSchedule(
+            optimizer, self.warmup, min_lr_ratio=self.min_lr_ratio, decay_steps=self.decay_steps
+        )
         # interval="step": Lightning steps the schedule once per optimizer step, i.e. after each full accumulation
-        # window, so it counts optimizer steps, not batches. Its length is set when training starts.
+        # window, so it counts optimizer steps, not batches. Without decay_steps, its length is set when training
+        # starts.
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
     def on_fit_start(self) -> None:
@@ -273,17 +294,11 @@ class TrainingRecipe(L.LightningModule):
                 "lower model.lr, check the inputs, or find the first bad operation with --trainer.detect_anomaly true"
             )
 
-    def _is_logging_step(self) -> bool:
-        """Whether the optimizer step now being taken is logged: as Lightning decides for its step metrics, when
-        (optimizer steps so far + 1) is a multiple of `log_every_n_steps`."""
-        every = self.trainer.log_every_n_steps
-        return bool(self.trainer.fast_dev_run) or (every > 0 and (self.trainer.global_step + 1) % every == 0)
-
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
         """Clip as Lightning does, by global norm or by value, on unscaled gradients, once per optimizer step, and
         keep the total norm before clipping for `train/grad_norm`: clip_grad_norm_'s own result when clipping by
         norm, so it costs nothing more; it stays on the device until a logged step reads it."""
-        logging = self._is_logging_step()  # (global_step counts this optimizer step only after it)
+        logging = logs_at(self.trainer, self.trainer.global_step)  # (it counts this optimizer step only after it)
         if logging:  # the rate this step is taken with (the schedule steps before on_train_batch_end)
             self._log.metrics = group_lrs(optimizer.param_groups)
         plugin = self.trainer.precision_plugin
@@ -309,9 +324,10 @@ class TrainingRecipe(L.LightningModule):
             torch.nn.utils.clip_grad_value_(params, gradient_clip_val)
 
     def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
-        """After an optimizer step the loggers write: train/loss, lr and the gradient metrics. Written straight to
-        the loggers, as Lightning's own LearningRateMonitor does: these values are looked at, not monitored, so
-        they are not in `trainer.callback_metrics`."""
+        """After an optimizer step the loggers write: train/loss, lr and the gradient metrics (those two gathered
+        before the step: at a stop decided after it, train/loss alone). Written straight to the loggers, as
+        Lightning's own LearningRateMonitor does: these values are looked at, not monitored, so they are not in
+        `trainer.callback_metrics`."""
         log = self._log
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
         if isinstance(loss, Tensor):  # Lightning divides each batch's loss by the accumulation: summed, their mean
@@ -320,8 +336,8 @@ class TrainingRecipe(L.LightningModule):
         if self.trainer.global_step == log.step_at_batch_start:  # inside an accumulation window: no optimizer step
             return
         window_loss, log.loss = log.loss, None
-        every, step = self.trainer.log_every_n_steps, logged_step(self.trainer)  # (Lightning's x-axis: steps.py)
-        if not (self.trainer.fast_dev_run or (every > 0 and (step + 1) % every == 0)):
+        step = logged_step(self.trainer)  # (Lightning's x-axis: steps.py)
+        if not logs_at(self.trainer, step):
             return
         metrics, log.metrics = log.metrics, {}
         if window_loss is not None:  # every process's share of the global batch (every process logs the same steps)
@@ -329,6 +345,20 @@ class TrainingRecipe(L.LightningModule):
         values = {name: float(value) for name, value in metrics.items()}
         for logger in self.loggers:
             logger.log_metrics(values, step=step)
+
+
+def check_settings(betas: tuple[float, float], eps: float, warmup: float, decay_steps: int | None) -> None:
+    """AdamW's `betas` and `eps` and the schedule's horizon as they take them, or one line naming the value, when the
+    module is built (their own errors come from configure_optimizers, with a traceback)."""
+    if len(betas) != 2 or not all(0.0 <= beta < 1.0 for beta in betas):
+        raise UsageError(f"model.betas={list(betas)}: give AdamW two decay rates in [0, 1), e.g. [0.9, 0.999]")
+    if eps < 0:
+        raise UsageError(f"model.eps={eps} is negative: give AdamW's epsilon >= 0, e.g. 1e-8")
+    if decay_steps is not None:
+        try:
+            resolve_warmup_steps(warmup, decay_steps, decay_steps=True)
+        except ValueError as mistake:
+            raise UsageError(str(mistake)) from None
 
 
 def group_lrs(param_groups: list[dict]) -> dict[str, float]:

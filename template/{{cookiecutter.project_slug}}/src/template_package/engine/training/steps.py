@@ -29,12 +29,18 @@ def logged_step(trainer: L.Trainer) -> int:
     return training_steps(trainer) - 1
 
 
-def logs_this_step(trainer: L.Trainer) -> bool:
-    """Whether the loggers write at the current training batch's step: Lightning's rule in training, every
-    `log_every_n_steps` batches that stepped and when the run stops (its logger connector first works out the
-    active loop, a cost at every step)."""
+def logs_at(trainer: L.Trainer, step: int) -> bool:
+    """Whether the loggers write the metrics of training step `step` (0-based): Lightning's rule for `self.log`'s step
+    metrics, when step + 1 is a multiple of `log_every_n_steps` (0: never), at the step the run stops, and at every
+    step of a fast_dev_run. The one rule for the engine's own metrics, so they sit at the steps the module's do."""
     every = trainer.log_every_n_steps
-    return every > 0 and ((batches_that_stepped(trainer) + 1) % every == 0 or trainer.should_stop)
+    return bool(trainer.fast_dev_run) or (every > 0 and ((step + 1) % every == 0 or trainer.should_stop))
+
+
+def logs_this_step(trainer: L.Trainer) -> bool:
+    """Whether the loggers write at the current training batch's step (logs_at; Lightning's own logger connector first
+    works out the active loop, a cost at every step)."""
+    return logs_at(trainer, batches_that_stepped(trainer))
 
 
 def steps_in(checkpoint: dict) -> int:
