@@ -1,7 +1,10 @@
 """Dependency bounds that mean something: every floor of a generated project is a version CI installs and tests
-(.ci/floors.txt, which .ci/run installs exactly), and lightning's floor refuses the releases before 2.6.6, whose
-load_from_checkpoint ran code a checkpoint named (CVE-2026-58659), 2.6.2 and 2.6.3 (malicious uploads) among them."""
+(.ci/floors.txt, which .ci/run installs exactly, through the README's own test command), lightning's floor refuses the
+releases before 2.6.6, whose load_from_checkpoint ran code a checkpoint named (CVE-2026-58659), 2.6.2 and 2.6.3
+(malicious uploads) among them, and the bound in constraints.txt is the one that spares pip its backtrack."""
 
+import importlib.metadata
+import re
 import tomllib
 from pathlib import Path
 
@@ -15,6 +18,22 @@ FLOORS = {
     for line in (REPO / ".ci" / "floors.txt").read_text().splitlines()
     if line.strip() and not line.startswith("#")
 }
+CONSTRAINTS = {
+    Requirement(line).name: Requirement(line).specifier
+    for line in (REPO / "constraints.txt").read_text().splitlines()
+    if line.strip() and not line.startswith("#")
+}
+
+
+def readme_commands() -> tuple[str, str]:
+    """The README's two commands: scaffold, install and train; the template's tests."""
+    chapter = (REPO / "README.md").read_text().split("## The two commands", 1)[1].split("\n## ", 1)[0]
+    first, second = re.findall(r"```bash\n(.*?)\n```", chapter, re.S)
+    return first, second
+
+
+def bounds(specifier) -> dict[str, str]:
+    return {spec.operator: spec.version for spec in specifier}
 
 
 def requirements(pyproject: Path) -> list[Requirement]:
@@ -42,3 +61,22 @@ def test_lightning_before_2_6_6_is_refused(baked_pyproject):
     [lightning] = [r for r in requirements(baked_pyproject) if r.name == "lightning"]
     assert not any(lightning.specifier.contains(v) for v in ("2.6.2", "2.6.3", "2.6.4", "2.6.5"))
     assert lightning.specifier.contains("2.6.6") and lightning.specifier.contains("2.7.0")
+
+
+def test_the_boto3_bound_admits_the_releases_whose_botocore_s3fs_accepts():
+    """boto3 X.Y.Z needs botocore >=X.Y.Z,<X.Y+1: the bound is aiobotocore's botocore range (s3fs's), or pip backtracks
+    through boto3's releases (above it) or installs one aiobotocore refuses (below it)."""
+    [botocore] = [r for r in map(Requirement, importlib.metadata.requires("aiobotocore")) if r.name == "botocore"]
+    assert bounds(CONSTRAINTS["boto3"]) == bounds(botocore.specifier), f"constraints.txt: boto3 against {botocore}"
+    assert FLOORS["boto3"] == bounds(CONSTRAINTS["boto3"])[">="]  # CI installs the bound's floor
+
+
+def test_ci_runs_the_readmes_test_command_with_every_floor():
+    first, second = readme_commands()
+    scaffold = first.split(" && cookiecutter ", 1)[0]
+    assert scaffold.endswith("&& pip install cookiecutter"), first  # baking takes cookiecutter alone
+    install = next(part for part in second.split(" && ") if part.startswith("pip install "))
+    assert "-c constraints.txt" in install, second
+    ci = (REPO / ".ci" / "run").read_text().splitlines()
+    assert f"pip install -q -c .ci/floors.txt {install.removeprefix('pip install ')}" in ci, install
+    assert second.endswith("&& pytest") and ci[-1] == "pytest"

@@ -1,5 +1,6 @@
 """The ways users create a project: cookiecutter interactive or --no-input with key=value answers, and cruft."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -76,10 +77,24 @@ def test_cruft_update_brings_a_template_change_into_the_project(tmp_path, templa
     assert run([cruft, "check"], cwd=project).returncode == 0
 
 
-def test_a_cruft_update_that_conflicts_with_a_local_change_leaves_markers_and_reports_success(tmp_path, template_repo):
-    """What the README says of a conflict (cruft 2.16): `git apply -3` leaves conflict markers, cruft exits 0."""
+def pre_commit(project: Path, *args: str) -> subprocess.CompletedProcess:
+    """`pre-commit run` in a project with this venv's bin first on PATH, as in an activated venv: the project's hooks
+    run what its dev extra installs (language: system), so nothing is fetched."""
+    bin_dir = Path(sys.executable).parent
+    path = f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"
+    home = str(project.parent / "pre-commit-home")  # pre-commit's own store, out of the user's home
+    return run([str(bin_dir / "pre-commit"), "run", *args], cwd=project, PATH=path, PRE_COMMIT_HOME=home)
+
+
+def test_a_cruft_update_that_conflicts_with_a_local_change_leaves_markers_that_pre_commit_names(
+    tmp_path, template_repo
+):
+    """What the READMEs say of a conflict (cruft 2.16): `git apply -3` leaves conflict markers and cruft exits 0; the
+    project's pre-commit hooks (and CI, which runs them) then fail naming each marker's file and line."""
     cruft, git = CRUFT, GIT
     project = project_of_cruft(tmp_path, template_repo)
+    clean = pre_commit(project, "check-merge-conflict", "--all-files")
+    assert clean.returncode == 0, clean.stdout + clean.stderr  # no line of a new project looks like a marker
     mine = project / "configs" / "fast.yaml"
     mine.write_text(mine.read_text().replace("\n", "\n# my change\n", 1))
     subprocess.run([*git, "commit", "-q", "-am", "mine"], cwd=project, check=True, capture_output=True)
@@ -88,5 +103,10 @@ def test_a_cruft_update_that_conflicts_with_a_local_change_leaves_markers_and_re
     subprocess.run([*git, "commit", "-q", "-am", "change"], cwd=template_repo, check=True, capture_output=True)
     updated = run([cruft, "update", "-y"], cwd=project)
     assert updated.returncode == 0, updated.stdout + updated.stderr
+    assert "Applied patch to 'configs/fast.yaml' with conflicts." in updated.stdout + updated.stderr
     text = mine.read_text()
     assert "<<<<<<<" in text and "# my change" in text and "# the template's change" in text
+    checked = pre_commit(project, "--all-files")
+    assert checked.returncode == 1, checked.stdout + checked.stderr
+    for line, marker in ((2, "<<<<<<<"), (4, "======="), (6, ">>>>>>>")):
+        assert f"configs/fast.yaml:{line}: Merge conflict string '{marker}' found" in checked.stdout, checked.stdout
