@@ -78,6 +78,7 @@ def main() -> None:
     args = parser.parse_args()
     sys.argv = sys.argv[:1]
     import s3fs
+
     from helpers.object_store import S3Server, TcpProxy, client_env
 
     server, folder = S3Server(), Path(tempfile.mkdtemp(prefix="object-storage-"))

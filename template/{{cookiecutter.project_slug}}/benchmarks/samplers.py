@@ -24,10 +24,10 @@ import torch
 from torch.utils.data import DataLoader, Dataset, WeightedRandomSampler
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from helpers.sampled_data import BucketBatches  # noqa: E402
-
 from template_package.engine.data.drawn_order import DrawnOrderSampler  # noqa: E402
 from template_package.engine.data.loaders import resumable_loader  # noqa: E402
+
+from helpers.sampled_data import BucketBatches  # noqa: E402
 
 
 class NoisyImages(Dataset):

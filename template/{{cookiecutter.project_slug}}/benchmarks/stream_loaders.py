@@ -31,12 +31,12 @@ from types import SimpleNamespace
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from template_package.engine.data.preparing import prepare_keeping_global_state  # noqa: E402
+from template_package.engine.data.streams import ResumableStream  # noqa: E402
+
 from helpers.mosaic_task import MosaicData  # noqa: E402
 from helpers.stream_task import HFStreamData, LitStreamData  # noqa: E402
 from helpers.webdataset_task import WebDatasetData  # noqa: E402
-
-from template_package.engine.data.preparing import prepare_keeping_global_state  # noqa: E402
-from template_package.engine.data.streams import ResumableStream  # noqa: E402
 
 
 def fit_loop(epoch: int, trained: int = 0) -> SimpleNamespace:

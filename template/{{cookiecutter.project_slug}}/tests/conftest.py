@@ -19,9 +19,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers.cli import STARTED, TESTS_CONFIG
 
 from template_package.engine.cli.main import DEFAULT_CONFIG_VARIABLE
+
+from helpers.cli import STARTED, TESTS_CONFIG
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent

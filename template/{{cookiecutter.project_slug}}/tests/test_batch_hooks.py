@@ -3,13 +3,14 @@ as before."""
 
 import lightning as L
 import pytest
-from helpers.stand_in import StandInClassifier, StandInData
 from lightning.pytorch.profilers import Profiler
 
 from template_package.engine.internals import BATCH_HOOKS, leave_out_empty_batch_hooks
 from template_package.engine.report.progress import TimedProgressBar
 from template_package.engine.report.throughput import Throughput
 from template_package.engine.training.trainer import Trainer
+
+from helpers.stand_in import StandInClassifier, StandInData
 
 
 class HookCalls(Profiler):

@@ -5,9 +5,10 @@ CVE-2026-58659) stops with one line, and nothing it names runs; one that records
 
 import pytest
 import torch
-from helpers.cli import QUICK, cli
 
 from template_package.engine.cli import export
+
+from helpers.cli import QUICK, cli
 
 # What a crafted checkpoint could ask to run: each would create the marker file if it ran.
 CRAFTED = {

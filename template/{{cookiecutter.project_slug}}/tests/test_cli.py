@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+
 from helpers.cli import PROJECT_ROOT, QUICK, cli, cli_subprocess, resume, scalars
 from helpers.runs import log_steps_against_last_ckpt
 

@@ -10,12 +10,13 @@ import lightning as L
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers.stand_in import StandInClassifier, StandInData
 from lightning.pytorch.loggers import Logger
 from lightning.pytorch.plugins.precision import MixedPrecision
 
 from template_package.engine.data.loaders import resumable_loader
 from template_package.engine.training.trainer import Trainer
+
+from helpers.stand_in import StandInClassifier, StandInData
 
 STEPS, CLIP = 4, 0.5
 

@@ -3,6 +3,7 @@ fail. Proof that the resume tests can fail, and that each piece is needed."""
 
 import pytest
 import torch
+
 from helpers.runs import (
     KILL_POINTS,
     assert_same_run,

@@ -4,12 +4,13 @@ drawn again to check that its order repeats."""
 
 import pytest
 import torch
-from helpers.sampled_data import BucketBatches, SystemRandomSampler
-from helpers.stand_in import synthetic_images
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler, SubsetRandomSampler, WeightedRandomSampler
 
 from template_package.engine.data.drawn_order import DrawnOrderSampler
 from template_package.engine.data.loaders import resumable_loader, why_not_resumable
+
+from helpers.sampled_data import BucketBatches, SystemRandomSampler
+from helpers.stand_in import synthetic_images
 
 DATA = synthetic_images()["val"]  # 270 samples
 N = len(DATA)

@@ -8,15 +8,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers.cli import cli, extra_config, resume, scalars
-from helpers.elastic_task import recorded_steps
-from helpers.records import record
-from helpers.runs import DDP, finish, kill_when_frozen, start_fit
 from torch.utils.data import DataLoader, Dataset
 
 from template_package.engine.data.loaders import resumable_loader
 from template_package.engine.data.sampling import EpochShuffleSampler
 from template_package.engine.training.batch_layout import BatchLayout
+
+from helpers.cli import cli, extra_config, resume, scalars
+from helpers.elastic_task import recorded_steps
+from helpers.records import record
+from helpers.runs import DDP, finish, kill_when_frozen, start_fit
 
 # The stand-in without BatchNorm, each sample's index in its batch; 2 epochs of 19 global batches of 64 samples
 # (1,257 samples: the last 41 of each epoch's order are left out).

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from helpers.cli import QUICK, cli, cli_subprocess
 
 MODEL = "helpers.stand_in.StandInClassifier"

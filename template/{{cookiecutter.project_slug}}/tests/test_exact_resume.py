@@ -12,14 +12,15 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
-from helpers.cli import started, subprocess_env
-from helpers.plain_trainer import BATCHES, MetricsModule, PlainData, logged
-from helpers.plain_trainer import main as plain_fit
-from helpers.runs import assert_same_state, kill_when_frozen, wait_until_frozen
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from template_package.engine import ExactResume
 from template_package.engine.errors import UsageError
+
+from helpers.cli import started, subprocess_env
+from helpers.plain_trainer import BATCHES, MetricsModule, PlainData, logged
+from helpers.plain_trainer import main as plain_fit
+from helpers.runs import assert_same_state, kill_when_frozen, wait_until_frozen
 
 COMPARED = ("state_dict", "optimizer_states", "global_step", "epoch", "rng_states", "epoch_state")
 

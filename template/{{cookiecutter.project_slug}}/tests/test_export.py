@@ -3,9 +3,10 @@ LightningModule's."""
 
 import pytest
 import torch
-from helpers.cli import QUICK, cli, extra_config
 
 from template_package.engine.cli.export import load_for_inference, run_exported
+
+from helpers.cli import QUICK, cli, extra_config
 
 
 @pytest.fixture(scope="module")

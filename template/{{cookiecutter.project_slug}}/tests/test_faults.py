@@ -15,6 +15,9 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from template_package.engine.resume.run_lock import RunLock
+
 from helpers.cli import QUICK, STAND_IN, TESTS_CONFIG, cli, extra_config, resume, scalars, subprocess_env
 from helpers.disks import fill
 from helpers.runs import (
@@ -27,8 +30,6 @@ from helpers.runs import (
     start_fit,
     wait_until_frozen,
 )
-
-from template_package.engine.resume.run_lock import RunLock
 
 # In-process runs: 2 epochs of 6 batches, last.ckpt every 5 optimizer steps, train/loss logged at every step.
 ARGS = [*QUICK, "--trainer.log_every_n_steps=1", "--last_checkpoint.every_n_steps=5"]

@@ -11,6 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+
+from template_package.engine.resume import trained_state
+
 from helpers.cli import PROJECT_ROOT, QUICK, cli, resume, scalars
 from helpers.finetune_task import save_pretrained
 from helpers.runs import (
@@ -22,8 +25,6 @@ from helpers.runs import (
     start_fit,
     wait_until_frozen,
 )
-
-from template_package.engine.resume import trained_state
 
 FINETUNING = "lightning.pytorch.callbacks.BackboneFinetuning"
 

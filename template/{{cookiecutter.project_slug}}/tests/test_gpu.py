@@ -2,9 +2,10 @@
 
 import pytest
 import torch
-from helpers.cli import QUICK, cli, scalars
 
 from template_package.engine.training.trainer import Trainer, auto_precision
+
+from helpers.cli import QUICK, cli, scalars
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU; none on this machine")
 

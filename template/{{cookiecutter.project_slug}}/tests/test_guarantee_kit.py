@@ -8,10 +8,11 @@ import importlib.util
 
 import pytest
 import yaml
-from helpers.cli import STAND_IN, subprocess_env
-from helpers.warm_start import kit_runner
 
 from template_package.engine.guarantees import GuaranteeKit
+
+from helpers.cli import STAND_IN, subprocess_env
+from helpers.warm_start import kit_runner
 
 pytestmark = pytest.mark.slow
 GAN = ["--model=null", "--model=helpers.patterns.ManualGAN", "--checkpoint.monitor=null"]

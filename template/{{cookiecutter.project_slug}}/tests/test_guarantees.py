@@ -2,10 +2,11 @@
 init_args: yours, once you have put them there. `pytest -m guarantees` runs these alone (a few minutes on 2 CPUs)."""
 
 import pytest
-from helpers.cli import PROJECT_ROOT, subprocess_env
-from helpers.warm_start import kit_runner
 
 from template_package.engine.guarantees import GuaranteeKit
+
+from helpers.cli import PROJECT_ROOT, subprocess_env
+from helpers.warm_start import kit_runner
 
 pytestmark = pytest.mark.guarantees
 

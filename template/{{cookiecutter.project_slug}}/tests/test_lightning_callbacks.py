@@ -7,6 +7,7 @@ import hashlib
 import pytest
 import torch
 import yaml
+
 from helpers.runs import assert_same_run, freeze_config, kill_when_frozen, reference_run, resume_fit, start_fit
 
 pytestmark = pytest.mark.slow

@@ -6,14 +6,15 @@ import random
 import numpy as np
 import pytest
 import torch
-from helpers.cli import QUICK, cli, extra_config
-from helpers.runs import weights_with_workers
-from helpers.stand_in import Noisy, synthetic_images
 from torch.utils.data import BatchSampler, DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from template_package.engine.data.loaders import resumable_loader
 from template_package.engine.data.sampling import EpochShuffleSampler, SeededSamples, sample_seed
+
+from helpers.cli import QUICK, cli, extra_config
+from helpers.runs import weights_with_workers
+from helpers.stand_in import Noisy, synthetic_images
 
 
 def test_a_plain_loader_is_rebuilt_with_its_own_settings():

@@ -6,11 +6,12 @@ import csv
 
 import numpy as np
 import torch
-from helpers.cli import scalars
 from lightning.pytorch.loggers import TensorBoardLogger
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
 from template_package.engine.report.loggers import RunCSVLogger, RunTensorBoardLogger
+
+from helpers.cli import scalars
 
 CALLS = [
     ({"train/loss": torch.tensor(2.5), "lr": 3e-3, "train/grad_norm": np.float32(0.75), "train/clip_share": 1}, 9),

@@ -4,11 +4,12 @@ where a batch can save, and saving by steps still saves at those steps; EarlySto
 import lightning as L
 import pytest
 import torch
-from helpers.cli import QUICK, cli, extra_config
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader, TensorDataset
 
 from template_package.engine.training.monitor import BestCheckpoints, EarlyStopping
+
+from helpers.cli import QUICK, cli, extra_config
 
 
 class LogsItsLoss(L.LightningModule):

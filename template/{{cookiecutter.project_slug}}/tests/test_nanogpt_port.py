@@ -8,10 +8,11 @@ import math
 import lightning as L
 import pytest
 import torch
-from helpers.cli import TESTS, cli
-from helpers.nano_gpt import NanoGPT
 
 from template_package.engine.training.recipe import TrainingRecipe
+
+from helpers.cli import TESTS, cli
+from helpers.nano_gpt import NanoGPT
 
 CONFIG = str(TESTS / "helpers" / "nano_gpt.yaml")
 # A small network, cheap batches and validations: flags of the run, none of the recipe's.

@@ -17,11 +17,12 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+
+from template_package.engine.resume.remote_run import RemoteRun, StoreSettings
+
 from helpers.cli import PROJECT_ROOT, STAND_IN, WarmProcess, cli, extra_config, started, subprocess_env
 from helpers.object_store import S3Server, TcpProxy, client_env
 from helpers.runs import assert_same_run, reference_run
-
-from template_package.engine.resume.remote_run import RemoteRun, StoreSettings
 
 s3fs = pytest.importorskip("s3fs", reason='a run in object storage needs s3fs: pip install -e ".[s3]"')
 

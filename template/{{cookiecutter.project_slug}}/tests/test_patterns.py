@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from helpers.cli import PROJECT_ROOT, QUICK, cli, extra_config
 from helpers.runs import (
     KILL_POINTS,

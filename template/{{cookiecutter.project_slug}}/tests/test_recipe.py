@@ -5,13 +5,14 @@ import math
 import lightning as L
 import pytest
 import torch
-from helpers.cli import QUICK, cli
-from helpers.stand_in import StandInClassifier
 from lightning.pytorch.loggers import Logger
 from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
 
 from template_package.engine.training.recipe import weight_decay_groups
+
+from helpers.cli import QUICK, cli
+from helpers.stand_in import StandInClassifier
 
 
 def test_biases_and_norm_weights_do_not_decay():

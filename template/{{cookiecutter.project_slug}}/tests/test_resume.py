@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from helpers.cli import PROJECT_ROOT, scalars
 from helpers.runs import (
     DDP,

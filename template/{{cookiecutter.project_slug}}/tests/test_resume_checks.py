@@ -5,9 +5,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers.cli import QUICK, cli, resume, scalars
 
 from template_package.engine.resume.changes import is_shorter
+
+from helpers.cli import QUICK, cli, resume, scalars
 
 # 2 epochs of 6 batches, the LR logged at every step.
 ARGS = [*QUICK, "--trainer.log_every_n_steps=1"]

@@ -5,6 +5,7 @@ sampler whose order is not a function of the seed and the epoch gets one notice 
 
 import pytest
 import torch
+
 from helpers.cli import QUICK, STAND_IN, cli, resume
 from helpers.runs import (
     BASE,

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from helpers.cli import PROJECT_ROOT, extra_config, subprocess_env
 from helpers.runs import BASE, DDP, assert_same_run, freeze_config, reference_run, wait_until_frozen
 

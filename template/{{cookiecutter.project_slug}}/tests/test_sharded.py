@@ -19,17 +19,18 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.filesystem import FileSystem
+
+from template_package.engine.resume.whole_checkpoint import is_sharded, read_shards, read_whole, saved_step
+from template_package.engine.training.sharding import ShardedStrategy
+
 from helpers.cli import PROJECT_ROOT, QUICK, cli, extra_config, scalars
 from helpers.disks import fill
 from helpers.elastic_task import recorded_steps
 from helpers.records import record
 from helpers.runs import assert_same_state, finish, kill_group, start_fit, wait_until_frozen
 from helpers.sharded import FSDP, assert_no_leftovers, assert_same_sharded_run, faulty, is_running, last_ckpt
-from torch.distributed.checkpoint import FileSystemReader
-from torch.distributed.checkpoint.filesystem import FileSystem
-
-from template_package.engine.resume.whole_checkpoint import is_sharded, read_shards, read_whole, saved_step
-from template_package.engine.training.sharding import ShardedStrategy
 
 ON_2 = ["-c", FSDP, "--trainer.accelerator=cpu", "--trainer.devices=2", "--trainer.precision=32-true"]
 # The stand-in with dropout (each process draws its own masks), 2 epochs of 9 optimizer steps on 2 processes,

@@ -13,11 +13,12 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
+
+from template_package.engine.resume.whole_checkpoint import read_whole
+
 from helpers.cli import cli, extra_config, scalars
 from helpers.runs import finish, kill_group, start_fit, wait_until_frozen
 from helpers.sharded import FSDP, assert_no_leftovers, assert_same_sharded_run, faulty, is_running, last_ckpt
-
-from template_package.engine.resume.whole_checkpoint import read_whole
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU; none on this machine")
 needs_two = pytest.mark.skipif(

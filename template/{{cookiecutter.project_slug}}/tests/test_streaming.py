@@ -13,14 +13,15 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from helpers.cli import WarmProcess, cli, extra_config, resume, scalars, started
-from helpers.runs import assert_same_run, finish, freeze_config, kill_when_frozen
-from helpers.stream_task import HeldOrder, HFStreamData, LitStreamData, UnseededDraws
 from torch.utils.data import DataLoader
 
 from template_package.engine.data import streams
 from template_package.engine.data.preparing import prepare_keeping_global_state
 from template_package.engine.training import trainer as engine_trainer
+
+from helpers.cli import WarmProcess, cli, extra_config, resume, scalars, started
+from helpers.runs import assert_same_run, finish, freeze_config, kill_when_frozen
+from helpers.stream_task import HeldOrder, HFStreamData, LitStreamData, UnseededDraws
 
 
 def needs(module: str):

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+
 from helpers.cli import cli, cli_subprocess, extra_config
 from helpers.sweeps import SWEEP_YAML, TRIAL, finish_sweep, start_sweep, sweep_command
 

@@ -6,10 +6,11 @@ import statistics
 import pytest
 import torch
 import yaml
-from helpers.cli import cli, scalars
-from helpers.sweeps import finish_sweep, start_sweep, sweep_command
 
 from template_package.engine.data.folds import fold_indices
+
+from helpers.cli import cli, scalars
+from helpers.sweeps import finish_sweep, start_sweep, sweep_command
 
 optuna = pytest.importorskip("optuna", reason='sweeps need the sweep extra: pip install -e ".[sweep]"')
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from helpers.cli import cli
 from helpers.sweeps import finish_sweep, start_sweep, sweep_command
 

@@ -6,10 +6,11 @@ import time
 import lightning as L
 import pytest
 import torch
-from helpers.stand_in import StandInClassifier
 from torch.utils.data import BatchSampler, DataLoader, Dataset, SequentialSampler
 
 from template_package.engine.report.throughput import Throughput, samples_in
+
+from helpers.stand_in import StandInClassifier
 
 
 class SlowImages(Dataset):

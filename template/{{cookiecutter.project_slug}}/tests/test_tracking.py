@@ -5,6 +5,7 @@ import csv
 from pathlib import Path
 
 import pytest
+
 from helpers.cli import cli, extra_config
 from helpers.runs import DDP, assert_same_run, reference_run, run_killed_and_resumed
 

@@ -11,11 +11,12 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from template_package.engine.cli.main import DEFAULT_CONFIG_VARIABLE
+
 from helpers.cli import PROJECT_ROOT, QUICK, TESTS, WarmProcess, extra_config, started, subprocess_env
 from helpers.sweeps import finish_sweep, start_sweep
 from helpers.warm_start import WarmStart
-
-from template_package.engine.cli.main import DEFAULT_CONFIG_VARIABLE
 
 pytestmark = pytest.mark.slow
 

@@ -4,11 +4,12 @@ its batches are dicts, it predicts text, and it gets the engine's guarantees (al
 import csv
 
 import torch
-from helpers.char_lm_task import CHAR_LM
-from helpers.cli import cli, scalars
 
 from template_package.char_lm.data import TextDataModule
 from template_package.char_lm.model import CharTransformer
+
+from helpers.char_lm_task import CHAR_LM
+from helpers.cli import cli, scalars
 
 # A short run: 2 epochs of 20 batches, validated on 4 batches, every step logged.
 SHORT = ["--trainer.max_epochs=2", "--trainer.limit_train_batches=20", "--trainer.limit_val_batches=4",

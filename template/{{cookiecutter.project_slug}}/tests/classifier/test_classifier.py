@@ -5,13 +5,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers.classifier_task import CLASSIFIER
-from helpers.cli import PROJECT_ROOT, QUICK, cli, scalars
 from PIL import Image
 from sklearn.datasets import load_digits
 
 from template_package.classifier.data import ImageDataModule, digits_splits
 from template_package.classifier.model import ImageClassifier
+
+from helpers.classifier_task import CLASSIFIER
+from helpers.cli import PROJECT_ROOT, QUICK, cli, scalars
 
 
 def test_loaders_shuffle_and_drop_last_only_for_training():

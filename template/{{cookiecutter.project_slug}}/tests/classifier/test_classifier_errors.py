@@ -4,11 +4,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers.classifier_task import CLASSIFIER, error_line
-from helpers.cli import cli_subprocess
 from PIL import Image
 
 from template_package.classifier.data import check_finite
+
+from helpers.classifier_task import CLASSIFIER, error_line
+from helpers.cli import cli_subprocess
 
 
 def make_image_folder(root: Path, classes: list[str], bad_image: bool = False) -> None:

@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+
 from helpers.golden import ARGS, CHECKPOINT, CURVE, RELATIVE_TOLERANCE, machine, run
 
 

@@ -4,12 +4,13 @@ test_gpu.py and benchmarks/overhead.py --gpu."""
 
 import pytest
 import torch
-from helpers.classifier_task import CLASSIFIER, error_line
-from helpers.cli import QUICK, cli, scalars
 
 from template_package.classifier.model import ImageClassifier
 from template_package.engine.report import throughput
 from template_package.engine.report.flops import peak_flops
+
+from helpers.classifier_task import CLASSIFIER, error_line
+from helpers.cli import QUICK, cli, scalars
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU; none on this machine")
 

@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from PIL import Image
+
 from helpers.classifier_task import CLASSIFIER
 from helpers.cli import cli
 from helpers.runs import assert_kill_and_resume_exact
-from PIL import Image
 
 CLASSES = ["cat", "dog", "owl"]
 

@@ -7,12 +7,13 @@ import sys
 import lightning as L
 import pytest
 import torch
-from helpers.classifier_task import CLASSIFIER
-from helpers.cli import PROJECT_ROOT, cli, scalars
 
 from template_package.classifier.data import ImageDataModule
 from template_package.classifier.model import ImageClassifier
 from template_package.engine.data.loaders import resumable_loader
+
+from helpers.classifier_task import CLASSIFIER
+from helpers.cli import PROJECT_ROOT, cli, scalars
 
 sys.path.insert(0, str(PROJECT_ROOT / "benchmarks"))
 import reference_loop  # noqa: E402

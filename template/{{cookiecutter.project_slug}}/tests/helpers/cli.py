@@ -17,8 +17,9 @@ from pathlib import Path
 
 import yaml
 
-from helpers.warm_start import WarmStart, dump_stacks, warm_server
 from template_package.engine.cli.main import main
+
+from helpers.warm_start import WarmStart, dump_stacks, warm_server
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 TESTS = Path(__file__).resolve().parents[1]

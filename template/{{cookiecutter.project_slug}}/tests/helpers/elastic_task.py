@@ -11,8 +11,9 @@ from lightning.pytorch.callbacks import Callback
 from torch import Tensor
 from torch.utils.data import TensorDataset
 
-from helpers.stand_in import StandInClassifier, StandInData, stand_in_net
 from template_package.engine.resume.rng import gather_rows
+
+from helpers.stand_in import StandInClassifier, StandInData, stand_in_net
 
 
 class IndexedStandIn(StandInClassifier):

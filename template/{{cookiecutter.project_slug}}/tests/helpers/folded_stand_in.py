@@ -4,8 +4,9 @@
 import torch
 from torch.utils.data import TensorDataset
 
-from helpers.stand_in import StandInData
 from template_package.engine.data.folds import check_fold, fold_indices
+
+from helpers.stand_in import StandInData
 
 
 class FoldedStandInData(StandInData):

@@ -168,8 +168,9 @@ def log_steps_against_last_ckpt(run_dir: Path, monkeypatch) -> list[tuple[int, i
     """Train with a checkpoint every 2 steps; at every write to TensorBoard, (the step written, the step last.ckpt
     holds then). The model also logs its loss with `self.log`, as a user's own metric would be: Lightning writes
     those after on_train_batch_end, where the checkpoint is taken."""
-    from helpers.stand_in import StandInClassifier
     from template_package.engine.report.loggers import RunTensorBoardLogger
+
+    from helpers.stand_in import StandInClassifier
 
     last, seen = run_dir / "checkpoints" / "last.ckpt", []
     log_metrics, training_step = RunTensorBoardLogger.log_metrics, StandInClassifier.training_step

@@ -5,10 +5,10 @@ from pathlib import Path
 
 import yaml
 
-from helpers.cli import PROJECT_ROOT, scalars
 from template_package.engine.resume.whole_checkpoint import read_whole
 
 from .runs import assert_same_state
+from helpers.cli import PROJECT_ROOT, scalars
 
 FSDP = str(PROJECT_ROOT / "configs" / "fsdp.yaml")
 
