@@ -59,7 +59,7 @@ from .finished_epochs import keep_finished_epochs_finished
 from .loadable import check_hyperparameters, check_loadable, store_plain
 from .remote_run import is_url, redacted
 from .run_lock import RunDirectoryBusy, RunLock, is_global_rank_zero
-from .stop_signals import STOP_SIGNALS
+from .stop_signals import SIGNALS, STOP_SIGNALS, exit_code
 from .trained_state import TrainedState
 from .validation import dump_checkpoint
 from .whole_checkpoint import is_checkpoint
@@ -302,7 +302,7 @@ class ExactResume(OnExceptionCheckpoint):
         if trainer.sanity_checking or not STOP_SIGNALS.deferred or not self._stopping(trainer):
             return
         self._stage(trainer)
-        self._exit_code = STOP_SIGNALS.exit_code or 128 + signal.SIGTERM
+        self._exit_code = STOP_SIGNALS.exit_code or exit_code(signal.SIGTERM)  # (another rank's signal)
         self._write_staged_then_exit_if_stopping(trainer)
 
     def after_the_batch(self, trainer: L.Trainer) -> None:
@@ -323,7 +323,7 @@ class ExactResume(OnExceptionCheckpoint):
         if ends or stopping or self._is_due(training_steps(trainer), epoch_end=False):
             self._stage(trainer)
         if stopping and not ends:  # (when training ends anyway, the process exits with the signal's code after it)
-            self._exit_code = STOP_SIGNALS.exit_code or 128 + signal.SIGTERM
+            self._exit_code = STOP_SIGNALS.exit_code or exit_code(signal.SIGTERM)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """After the module's own epoch-end hook and every other callback's (a Checkpoint's place). The state staged
@@ -336,7 +336,7 @@ class ExactResume(OnExceptionCheckpoint):
             return  # (the last epoch's state is written by on_train_end, with the epoch counted as done)
         if self._stopping(trainer):
             self._stage(trainer)
-            self._exit_code = STOP_SIGNALS.exit_code or 128 + signal.SIGTERM
+            self._exit_code = STOP_SIGNALS.exit_code or exit_code(signal.SIGTERM)
         elif self._is_due(training_steps(trainer), epoch_end=True):
             self._stage(trainer)
 
@@ -351,11 +351,10 @@ class ExactResume(OnExceptionCheckpoint):
             self._write_staged(trainer)
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
-        stopped_codes = [128 + signum for signum in STOP_SIGNALS.SIGNALS]
-        if isinstance(exception, ProcessExitedException) and exception.exit_code in stopped_codes:
+        if isinstance(exception, ProcessExitedException) and exception.exit_code in map(exit_code, SIGNALS):
             raise SystemExit(exception.exit_code)  # (ddp_spawn's launching process: the stopped processes' code)
         if isinstance(exception, KeyboardInterrupt) and self._writer is None:  # (before training, or that process)
-            raise SystemExit(128 + signal.SIGINT)
+            raise SystemExit(exit_code(signal.SIGINT))
         vars(pl_module).pop("on_train_batch_end", None)  # the module's own hook again
         self.loaders.teardown(trainer, pl_module)
         if not isinstance(exception, OSError | UsageError):  # after a failed write, do not try another
