@@ -102,9 +102,9 @@ def test_an_epoch_end_saved_before_the_modules_hook_fails_only_the_stop_after_an
 
 
 VALIDATION_NOT_UNDONE = """
-import template_package.engine.resume.last_checkpoint as last_checkpoint
+import template_package.engine.resume.exact_resume as exact_resume
 
-last_checkpoint.dump_checkpoint = lambda trainer: trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
+exact_resume.dump_checkpoint = lambda trainer: trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
 """
 
 
