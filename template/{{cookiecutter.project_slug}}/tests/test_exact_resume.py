@@ -194,8 +194,8 @@ def test_a_hyperparameter_or_a_state_that_would_not_load_stops_the_run_before_it
     assert str(stop.value) == (
         "ModuleConfigured's hyperparameters net (a Sequential) would not load from its checkpoints (a resume loads "
         "them with weights_only=True, which takes numbers, strings, lists and dicts): leave them out with "
-        "self.save_hyperparameters(ignore=['net']) and keep them as attributes (self.net = net), the config building "
-        "them again, or give plain values"
+        "self.save_hyperparameters(ignore=['net']) and keep them as attributes (self.net = net, read where "
+        "self.hparams.net was), the config building them again, or give plain values"
     )
     assert not (tmp_path / "module" / "checkpoints").exists()
     with pytest.raises(UsageError, match=r"last.ckpt would not load back .*: callbacks holds pathlib.PosixPath; make "
@@ -222,4 +222,21 @@ def test_ddp_spawn_stopped_by_sigterm_exits_143_and_resumes_to_the_uninterrupted
     assert "Traceback" not in err, err[-3000:]
     resumed = start_script(run_dir, *spawn, "--ckpt_path=last")
     assert resumed.wait(timeout=600) == 0, resumed.communicate()[1][-3000:]
+    assert_same_as(reference, run_dir)
+
+
+@pytest.mark.slow
+def test_a_run_never_seeded_resumes_reading_the_order_its_seed_gave(tmp_path):
+    """No seed_everything: torch's initial seed is a new one in each process, and the train loader's order follows it.
+    A resumed process reads on with the seed its checkpoint records, and ends as an uninterrupted run from that seed
+    (red with the seed taken from the resumed process instead)."""
+    run_dir, reference = tmp_path / "run", tmp_path / "reference"
+    for folder in (run_dir, reference):
+        folder.mkdir()
+    freeze = ["helpers.kill_points.FreezeAt", {"marker": str(tmp_path / "frozen"), "hook": "on_train_batch_end",
+                                               "step": BATCHES + 6, "flush_logs": True}]  # fmt: skip
+    kill_when_frozen(start_script(run_dir, "--seed=none", callbacks=[freeze]), tmp_path / "frozen")
+    seed = int((run_dir / "seed.txt").read_text())
+    plain_fit([str(run_dir), "--ckpt_path=last", "--seed=none"])
+    plain_fit([str(reference), f"--seed=torch:{seed}"])
     assert_same_as(reference, run_dir)

@@ -121,6 +121,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--strategy", default="auto")
     parser.add_argument("--devices", type=int, default=1)
     parser.add_argument("--engine_trainer", action="store_true", help="the engine's Trainer, not Lightning's")
+    parser.add_argument("--seed", default="0", help="seed_everything's; none: no seed (DIR/seed.txt says torch's); "
+                        "torch:S: torch.manual_seed(S) alone")  # fmt: skip
     args = parser.parse_args(argv)
     import importlib
 
@@ -128,7 +130,12 @@ def main(argv: list[str] | None = None) -> None:
     for path, init_args in json.loads(args.callbacks or "[]"):
         module, name = path.rsplit(".", 1)
         extra.append(getattr(importlib.import_module(module), name)(**init_args))
-    L.seed_everything(0)
+    if args.seed == "none":
+        (args.dir / "seed.txt").write_text(str(torch.initial_seed()))
+    elif args.seed.startswith("torch:"):
+        torch.manual_seed(int(args.seed.removeprefix("torch:")))
+    else:
+        L.seed_everything(int(args.seed))
     trainer_class = Trainer if args.engine_trainer else L.Trainer
     trainer = trainer_class(
         default_root_dir=args.dir, max_epochs=3, callbacks=[ExactResume(every_n_steps=5), *extra],

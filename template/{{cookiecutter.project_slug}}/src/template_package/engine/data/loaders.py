@@ -49,6 +49,7 @@ from .sampling import EpochShuffleSampler, SeededSamples, reads_batches
 SHUFFLED = (RandomSampler, torchdata_samplers.RandomSampler)
 BATCHING = (BatchSampler, torchdata_samplers.BatchSampler)
 
+SEED = "train_loader_seed"  # in a checkpoint: the seed the train loader's order and draws follow
 REMEDY = "read a map-style dataset in DataLoader(dataset, shuffle=True) or StatefulDataLoader (docs/data.md)"
 
 
@@ -163,7 +164,10 @@ class ResumableLoaders:
     from the global position where it stopped.
 
     A streaming train loader becomes a `streams.ResumableStream`, which is given the stream's state from the resumed
-    checkpoint here (Lightning loads loader states only when it resumes inside an epoch)."""
+    checkpoint here (Lightning loads loader states only when it resumes inside an epoch).
+
+    The order and per-sample draws follow the run's seed (torch's initial seed, which seed_everything sets); a resumed
+    run takes the seed its checkpoint records, so that a run that was never seeded reads on as it would have."""
 
     def __init__(self, world_size_may_change: bool = False) -> None:
         self.world_size_may_change = world_size_may_change
@@ -179,8 +183,15 @@ class ResumableLoaders:
         self._no_layout: str | None = None  # why_no_layout of the train loader
         self._loader_states: list | None = None  # the resumed checkpoint's loader states, which Lightning loads
         self._batches_done: tuple[int, int] | None = None  # (epoch, its batches trained) of a mid-epoch checkpoint
+        self._seed: int | None = None  # the resumed checkpoint's seed
+
+    @property
+    def seed(self) -> int:
+        """The run's seed: the resumed checkpoint's, else torch's initial seed (seed_everything's)."""
+        return self._seed if self._seed is not None else torch.initial_seed()
 
     def save(self, trainer: L.Trainer, checkpoint: dict) -> None:
+        checkpoint[SEED] = self.seed
         if self.layout is not None:
             checkpoint[LAYOUT] = self.layout.state()
         elif self._no_layout is not None:
@@ -194,7 +205,7 @@ class ResumableLoaders:
         """Before Lightning restores the loops: on another number of processes, their batch counts are rewritten
         for the new layout (batch_layout.move_progress)."""
         self._saved, self._resume_at = saved_layout(checkpoint), None
-        self._drawn_record = checkpoint.get(DRAWN)
+        self._drawn_record, self._seed = checkpoint.get(DRAWN), checkpoint.get(SEED)
         loop = checkpoint.get("loops", {}).get("fit_loop", {})
         self._loader_states = loop.get("state_dict", {}).get("combined_loader")  # (Lightning loads this list later)
         self._batches_done = resumed_batches(loop)
@@ -223,7 +234,7 @@ class ResumableLoaders:
             loaders = build_val()
             for loader in loaders if isinstance(loaders, list | tuple) else [loaders]:
                 if isinstance(loader, DataLoader) and loader.generator is None:
-                    loader.generator = torch.Generator().manual_seed(torch.initial_seed())
+                    loader.generator = torch.Generator().manual_seed(self.seed)
             return loaders
 
         def train_dataloader():
@@ -240,7 +251,7 @@ class ResumableLoaders:
             owner.val_dataloader = val_dataloader
 
     def _train_loader(self, trainer: L.Trainer, loader) -> DataLoader:
-        seed, epoch = torch.initial_seed(), trainer.fit_loop.epoch_progress.current.processed  # (seed_everything's)
+        seed, epoch = self.seed, trainer.fit_loop.epoch_progress.current.processed
         world_size, rank = trainer.world_size, trainer.global_rank
         reason = why_not_resumable(loader)
         if reason is not None:

@@ -15,7 +15,7 @@ What is in last.ckpt, who writes each part and who puts it back:
 | training_steps | ExactResume (training/steps.py) | where a resumed run logs on; when the next write is due |
 | rng_states | rng.py RandomStates, every rank's | the same, when training starts |
 | trained_state | trained_state.py TrainedState | put back or checked when training starts |
-| batch_layout, no_batch_layout, drawn_order | data/loaders.py ResumableLoaders | the same, building the train loader |
+| train_loader_seed, batch_layout, no_batch_layout, drawn_order | data/loaders.py ResumableLoaders | the same |
 | epoch_state | epoch_state.py EpochState, every rank's | after the module's on_train_start; sums after a batch |
 | recipe_log_window | training/recipe.py TrainingRecipe (its own hook) | the same |
 

@@ -72,7 +72,8 @@ def check_hyperparameters(owners: list) -> None:
                 f"{type(owner).__name__}'s hyperparameters {held} would not load from its checkpoints (a resume loads "
                 f"them with weights_only=True, which takes numbers, strings, lists and dicts): leave them out with "
                 f"self.save_hyperparameters(ignore={found}) and keep them as attributes (self.{found[0]} = "
-                f"{found[0]}), the config building them again, or give plain values"
+                f"{found[0]}, read where self.hparams.{found[0]} was), the config building them again, or give plain "
+                "values"
             )
 
 
