@@ -10,6 +10,8 @@
   schedules' length and, when it optimizes manually, the configured clipping (run_settings.py);
 - the checkpoint callbacks in the order Lightning expects: `trainer.checkpoint_callback` (what `ckpt_path="best"`
   reads) is the best checkpoints' ModelCheckpoint, before any the config adds, and `LastCheckpoint` comes last;
+- the model summary's FLOPs shown only where they were counted (report/summary.py), unless the config gives a
+  summary callback of its own;
 - each callback's batch hooks called only where its class implements them (internals.leave_out_empty_batch_hooks):
   Lightning calls every callback's six training-batch hooks at every batch, empty or not;
 - a DataModule's prepare_data that leaves the global random generators and the multiprocessing start method as they
@@ -23,6 +25,7 @@ import lightning as L
 import torch
 from lightning.fabric.plugins.io import CheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
+from lightning.pytorch.callbacks import ModelSummary as LightningModelSummary
 from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies import ModelParallelStrategy
 
@@ -30,6 +33,7 @@ from ..data.loaders import ResumableLoaders
 from ..data.preparing import keeping_global_state
 from ..errors import UsageError
 from ..internals import leave_out_empty_batch_hooks, wrap_prepare_data
+from ..report.summary import ModelSummary
 from ..resume.durable import DurableCheckpointIO
 from ..resume.last_checkpoint import LastCheckpoint
 from ..resume.trained_state import TrainedState
@@ -134,6 +138,11 @@ class Trainer(L.Trainer):
                 kwargs["callbacks"] = [c for c in kwargs["callbacks"] if not isinstance(c, kinds)]
         callbacks = list(kwargs.get("callbacks") or [])
         callbacks += [kind() for kind in ENGINE_CALLBACKS if not any(isinstance(c, kind) for c in callbacks)]
+        summary = kwargs.get("enable_model_summary")
+        if summary is not False and not kwargs.get("barebones"):
+            if not any(isinstance(c, LightningModelSummary) for c in callbacks):
+                callbacks.append(ModelSummary())
+            kwargs["enable_model_summary"] = False  # (Lightning would add its own, or say that it did not)
         # Lightning runs Checkpoint callbacks last, in their order, and its first ModelCheckpoint is the run's
         # `checkpoint_callback`: the run's best checkpoints (the CLI's `--checkpoint`) first, last.ckpt's last.
         kwargs["callbacks"] = sorted(callbacks, key=checkpoint_order)
@@ -142,7 +151,7 @@ class Trainer(L.Trainer):
         if not any(isinstance(plugin, CheckpointIO) for plugin in plugins):
             kwargs["plugins"] = [*plugins, DurableCheckpointIO()]
         if torch.cuda.is_available():
-            # TF32 tensor cores for float32 matmuls and convolutions: ~8x faster on Ampere+, deterministic.
+            # TF32 tensor cores for float32 matmuls and convolutions (Ampere and newer): faster, and deterministic.
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True
         asked = precision
