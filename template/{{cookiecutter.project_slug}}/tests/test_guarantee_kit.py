@@ -5,11 +5,13 @@ state taken before the module's own epoch-end hook (the engine before it saved e
 does, put back here in the kit's child processes by a module that a callback option imports)."""
 
 import importlib.util
+import subprocess
+import sys
 
 import pytest
 import yaml
 
-from template_package.engine.guarantees import GuaranteeKit
+from template_package.engine.guarantees import GuaranteeKit, KitConfigurationError
 
 from helpers.cli import STAND_IN, subprocess_env
 from helpers.warm_start import kit_runner
@@ -20,6 +22,57 @@ GAN = ["--model=null", "--model=helpers.patterns.ManualGAN", "--checkpoint.monit
 
 def kit_on(tmp_path, *task: str) -> GuaranteeKit:
     return GuaranteeKit(tmp_path / "kit", [*STAND_IN, *task], env=subprocess_env(), run=kit_runner)
+
+
+NOT_LOGGED = (
+    "checkpoint.monitor='val/f1' is not logged by StandInClassifier, which logs val/acc, val/loss in validation: set "
+    "--checkpoint.monitor to a metric it logs with self.log (and --checkpoint.mode min or max), in "
+    "configs/default.yaml for good, or null for last.ckpt only"
+)
+MISTAKES = {  # what the kit is given, and fit's own line for it
+    "monitor not logged": (["--checkpoint.monitor=val/f1"], NOT_LOGGED),
+    "unknown option": (
+        ["--model.dropuot=0.1"],
+        "unknown option --model.dropuot for helpers.stand_in.StandInClassifier: did you mean --model.dropout?",
+    ),
+    "class not importable": (
+        ["--data=helpers.stand_in.MissingData"],
+        "--data helpers.stand_in.MissingData cannot be used (module 'helpers.stand_in' has no attribute "
+        "'MissingData'): give a LightningModule/LightningDataModule class as package.module.Class, importable from "
+        "the project's src/, the working directory or PYTHONPATH",
+    ),
+}
+
+
+@pytest.mark.parametrize("mistake", MISTAKES)
+def test_a_mistake_in_what_the_kit_is_given_is_fits_one_line_before_any_training_run(tmp_path, mistake):
+    """The options and classes are parsed first (`fit --print_config`), then a fit that trains no batch and validates
+    one, the sanity check's, where fit says that the monitored metric is not logged."""
+    task, said = MISTAKES[mistake]
+    commands = []
+
+    def recorded(args, cwd, env):
+        commands.append(args)
+        return kit_runner(args, cwd, env)
+
+    kit = GuaranteeKit(tmp_path / "kit", [*STAND_IN, *task], env=subprocess_env(), run=recorded)
+    with pytest.raises(KitConfigurationError) as raised:
+        kit.check_configuration()
+    assert str(raised.value) == said
+    tried = ["--trainer.num_sanity_val_steps=1"] if mistake == "monitor not logged" else []
+    assert [args[-1] for args in commands] == ["--print_config", *tried]
+    assert all("--print_config" in args or "--trainer.limit_train_batches=0" in args for args in commands)
+    assert not list((tmp_path / "kit").rglob("*.ckpt"))
+
+
+def test_the_kits_command_given_a_monitor_the_model_does_not_log_exits_with_fits_one_line(tmp_path):
+    """As a user starts it, in new processes: one line, exit 1, and no run of the checks started."""
+    folder = tmp_path / "kit"
+    kit = subprocess.run([sys.executable, "-m", "template_package", "guarantees", *STAND_IN,
+                          "--checkpoint.monitor=val/f1", f"--folder={folder}"],
+                         env=subprocess_env(), capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert (kit.returncode, kit.stdout, kit.stderr) == (1, "", f"error: {NOT_LOGGED}\n")
+    assert sorted(path.name for path in folder.iterdir() if path.is_dir()) == ["configuration"]
 
 
 def test_unseeded_randomness_fails_the_repeat_check(tmp_path):

@@ -21,8 +21,10 @@ does, where a limit of 6 batches would give the loader a length and switch off L
 - workers: 0 and 2 loader workers train the same bits (when the DataModule takes `num_workers`, and not for a stream:
   each worker builds batches of its own part of it, so the number of workers is part of its order).
 
-A failure is one message naming the first tensor or metric that differs and the likely cause for the stop that
-showed it; a run of the kit's that cannot train at all (a mistake in the config, say) is said as such, with its error.
+Before any of them, the kit checks what `fit` checks before it trains (check_configuration): a mistake in the options,
+a class that cannot be imported or built, a monitored metric the model does not log, is fit's own one line, and no
+check runs. A failure is one message naming the first tensor or metric that differs and the likely cause for the stop
+that showed it; a run of the kit's that cannot train at all is said as such, with its error.
 Depends on torch, lightning and the engine's command line.
 """
 
@@ -48,6 +50,7 @@ from lightning.pytorch.callbacks import Callback
 
 from .cli.help import program
 from .data.streams import saved_stream
+from .errors import UsageError
 from .resume.exact_resume import ExactResume
 from .training.steps import steps_in, training_steps
 
@@ -114,8 +117,12 @@ STOPS = {  # the kill points, in the order the resumed run meets them (each resu
 
 
 class KitRunFailed(AssertionError):
-    """A run of the kit's ended with an error of its own: no guarantee was checked (a mistake in the config or in
-    the options given to the kit, say)."""
+    """A run of the kit's ended with an error of its own: no guarantee was checked (a bug in the model or the data
+    that a short run meets, say)."""
+
+
+class KitConfigurationError(UsageError):
+    """A mistake in what the kit was given, found before any of its runs: the one line that `fit` says for it."""
 
 
 class StopAt(Callback):
@@ -170,6 +177,18 @@ class GuaranteeKit:
         self._reference: Path | None = None
         self._data_settings: list[str] | None = None
         self._csv_logger: str | None = None
+        self._resolved: dict | None = None
+
+    def check_configuration(self) -> None:
+        """What `fit` checks before it trains, before any run of the checks: the options and the classes parse
+        (`fit --print_config`), then a fit that builds the model and the data and validates one batch, the sanity
+        check's, where a monitored metric the model does not log stops it (training/monitor.py), and trains none.
+        A mistake raises KitConfigurationError with fit's own line; anything else KitRunFailed, with its output."""
+        self.config()
+        tried = self._run(self.folder / "configuration", "--trainer.limit_train_batches=0",
+                          "--trainer.num_sanity_val_steps=1", check=False)  # fmt: skip
+        if tried.returncode != 0:
+            raise mistake_or_failure(self.folder / "configuration", tried)
 
     # --- The checks ---------------------------------------------------------------------------------------------
 
@@ -316,9 +335,14 @@ class GuaranteeKit:
         return run_dir
 
     def config(self) -> dict:
-        """The fit config the kit's runs get, as `fit --print_config` resolves it."""
-        printed = self._command("fit", *self.task, *SETTINGS, "--print_config")
-        return yaml.safe_load(printed.stdout)
+        """The fit config the kit's runs get, as `fit --print_config` resolves it (once); a mistake in the options
+        or classes raises KitConfigurationError."""
+        if self._resolved is None:
+            printed = self._command("fit", *self.task, *SETTINGS, "--print_config", check=False)
+            if printed.returncode != 0:
+                raise mistake_or_failure(None, printed)
+            self._resolved = yaml.safe_load(printed.stdout)
+        return self._resolved
 
     def _run(self, run_dir: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
         result = self._command("fit", *self.task, *SETTINGS, *self.data_settings(), "-c", self.logger_config(),
@@ -383,6 +407,13 @@ def failed(run_dir: Path | None, run: subprocess.CompletedProcess) -> str:
     error = next((line for line in reversed(lines) if line.startswith("error:")), lines[-1] if lines else "")
     where = f" in {run_dir}" if run_dir is not None else ""
     return f"a run of the kit's{where} could not train (exit {run.returncode}): {error}\n{run.stderr[-3000:]}"
+
+
+def mistake_or_failure(run_dir: Path | None, run: subprocess.CompletedProcess) -> KitRunFailed | KitConfigurationError:
+    """What a failed run of the kit's raises: its own one-line error (`error: ...`, a mistake the CLI found) as a
+    KitConfigurationError, anything else (a traceback) as KitRunFailed with its output."""
+    said = [line for line in run.stderr.splitlines() if line.startswith("error: ")]
+    return KitConfigurationError(said[-1].removeprefix("error: ")) if said else KitRunFailed(failed(run_dir, run))
 
 
 def reads_a_stream(run_dir: Path) -> bool:
@@ -464,6 +495,13 @@ def main(argv: list[str] | None = None) -> None:
     args, task = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
     with tempfile.TemporaryDirectory(prefix="guarantees-") as temporary:
         kit = GuaranteeKit(Path(args.folder or temporary), task)
+        try:
+            kit.check_configuration()
+        except KitConfigurationError as mistake:  # (fit's own line, as fit says it)
+            raise SystemExit(f"error: {mistake}") from None
+        except KitRunFailed as failure:
+            print(f"FAILED: {failure}", file=sys.stderr)
+            raise SystemExit(1) from None
         checks = [("repeatable", kit.check_repeatable, None), ("exact resume", kit.check_exact_resume, None)]
         if kit.takes_num_workers():
             checks.append(("0 and 2 loader workers agree", kit.check_workers_agree, kit.why_workers_not_compared))
@@ -471,11 +509,11 @@ def main(argv: list[str] | None = None) -> None:
             print(f"not covered: {line}")
         failed = False
         for name, check, why_not in checks:  # every check, even after one failed
-            skipped = why_not() if why_not is not None else None
-            if skipped:  # (a stream)
-                print(f"skipped: {name}: {skipped}")
-                continue
             try:
+                skipped = why_not() if why_not is not None else None  # (reads the uninterrupted run)
+                if skipped:  # (a stream)
+                    print(f"skipped: {name}: {skipped}")
+                    continue
                 check()
             except KitRunFailed as failure:
                 print(f"FAILED: {failure}", file=sys.stderr)

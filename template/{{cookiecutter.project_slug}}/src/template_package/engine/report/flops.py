@@ -1,6 +1,6 @@
 """The peak FLOP/s of a GPU, for the model FLOPs utilisation (MFU) that throughput.Throughput logs as `perf/mfu`:
 the share of the peak that training turns into model FLOPs, the figure that says how much faster the same hardware
-could go (airbench trains CIFAR-10 at about 35% of an A100; a plain ResNet-18 on CIFAR reaches about 25%).
+could go.
 
 Peaks are dense tensor-core peaks, as MFU is quoted. Depends on torch and lightning only.
 """

@@ -10,6 +10,8 @@
   configured clipping (run_settings.py);
 - the checkpoint callbacks in the order Lightning expects: `trainer.checkpoint_callback` (what `ckpt_path="best"`
   reads) is the best checkpoints' ModelCheckpoint, before any the config adds, and `ExactResume` comes last;
+- the model summary's FLOPs shown only where they were counted (report/summary.py), unless the config gives a
+  summary callback of its own;
 - each callback's batch hooks called only where its class implements them (internals.leave_out_empty_batch_hooks):
   Lightning calls every callback's six training-batch hooks at every batch, empty or not;
 - a DataModule's prepare_data that leaves the global random generators and the multiprocessing start method as they
@@ -23,12 +25,14 @@ import lightning as L
 import torch
 from lightning.fabric.plugins.io import CheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
+from lightning.pytorch.callbacks import ModelSummary as LightningModelSummary
 from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies import ModelParallelStrategy
 
 from ..data.preparing import forget_prepare_data, keep_global_state_in_prepare_data
 from ..errors import UsageError
 from ..internals import leave_out_empty_batch_hooks
+from ..report.summary import ModelSummary
 from ..resume.durable import DurableCheckpointIO
 from ..resume.exact_resume import ExactResume
 from .manual import keep_clipping_aside
@@ -141,6 +145,11 @@ class Trainer(L.Trainer):
         if kwargs.get("enable_checkpointing") is False:  # the run stays exact and writes no checkpoint
             next(c for c in callbacks if isinstance(c, ExactResume)).writes = False
             kwargs["enable_checkpointing"] = True  # (Lightning refuses a Checkpoint callback otherwise)
+        summary = kwargs.get("enable_model_summary")
+        if summary is not False and not kwargs.get("barebones"):
+            if not any(isinstance(c, LightningModelSummary) for c in callbacks):
+                callbacks.append(ModelSummary())
+            kwargs["enable_model_summary"] = False  # (Lightning would add its own, or say that it did not)
         # Lightning runs Checkpoint callbacks last, in their order, and its first ModelCheckpoint is the run's
         # `checkpoint_callback`: the run's best checkpoints (the CLI's `--checkpoint`) first, last.ckpt's last.
         kwargs["callbacks"] = sorted(callbacks, key=checkpoint_order)
