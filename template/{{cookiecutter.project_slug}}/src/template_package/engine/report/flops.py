@@ -9,7 +9,7 @@ import torch
 from lightning.fabric.utilities.throughput import get_available_flops
 
 # NVIDIA's datasheet peaks without sparsity for Hopper SXM (H100 and H200 share the chip). Lightning's table has the
-# H100 SXM right, but gives the H200 sparsity's 2x and does not recognise the name "NVIDIA H200" at all.
+# H100 SXM right, but gives the H200 the sparse peak and does not recognise the name "NVIDIA H200" at all.
 HOPPER_SXM_DENSE = {torch.bfloat16: 989e12, torch.float16: 989e12, "tfloat32": 495e12, torch.float32: 67e12}
 
 MATMUL_DTYPES = {"bf16": torch.bfloat16, "16": torch.float16, "64": torch.float64}
