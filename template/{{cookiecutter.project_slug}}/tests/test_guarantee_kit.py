@@ -103,11 +103,16 @@ def test_a_loader_without_state_fails_the_resume_check_with_the_engines_notice(t
         kit.check_exact_resume()
 
 
-def test_a_module_that_keeps_state_between_logged_steps_fails_the_resume_check_naming_its_metric(tmp_path):
+def test_a_module_that_keeps_state_between_logged_steps_fails_the_resume_check_naming_its_attributes(tmp_path):
     """The kit's runs log every 2 steps, a window that its checkpoints cut: a mean over the window, kept in memory
-    only, starts again at a resume (the recipe's own train/clip_share is kept in the checkpoint for this reason)."""
+    only (the module's own loss_sum and losses), starts again at a resume (the recipe's own train/clip_share is kept
+    in the checkpoint for this reason); the kit names the metric and the attributes."""
     kit = kit_on(tmp_path, "--model=null", "--model=helpers.patterns.WindowMeanLoss")
-    with pytest.raises(AssertionError, match=r"uninterrupted run: train/window_loss logged at step \d+ "):
+    with pytest.raises(
+        AssertionError,
+        match=r"uninterrupted run: train/window_loss logged at step \d+ .*Likely cause: "
+        "the module's attributes loss_sum, losses, changed during training and held by no checkpoint",
+    ):
         kit.check_exact_resume()
 
 

@@ -24,7 +24,8 @@ does, where a limit of 6 batches would give the loader a length and switch off L
 Before any of them, the kit checks what `fit` checks before it trains (check_configuration): a mistake in the options,
 a class that cannot be imported or built, a monitored metric the model does not log, is fit's own one line, and no
 check runs. A failure is one message naming the first tensor or metric that differs and the likely cause for the stop
-that showed it; a run of the kit's that cannot train at all is said as such, with its error.
+that showed it (the module's own attributes of plain Python values that its hooks changed, a list it appends to, say,
+by name); a run of the kit's that cannot train at all is said as such, with its error.
 Depends on torch, lightning and the engine's command line.
 """
 
@@ -134,22 +135,37 @@ class StopAt(Callback):
     def __init__(self, marker: str, step: int, signal_name: str = "SIGKILL", in_validation: bool = False) -> None:
         self.marker, self.step, self.in_validation = Path(marker), step, in_validation
         self.signum = getattr(signal, signal_name)
+        self.at_start: dict[str, str] = {}
+        self.changed: set[str] = set()  # the module's plain attributes its hooks changed (plain_attributes)
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.at_start = plain_attributes(pl_module)
 
     def _stop(self, trainer: L.Trainer) -> None:
         if training_steps(trainer) >= self.step and not self.marker.exists():
             for callback in trainer.callbacks:
                 if isinstance(callback, ExactResume):
                     callback._wait_for_write()
-            self.marker.write_text(str(training_steps(trainer)))
+            self.marker.write_text(json.dumps({"steps": training_steps(trainer), "changed": sorted(self.changed)}))
             os.kill(os.getpid(), self.signum)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
+        now = plain_attributes(pl_module)
+        self.changed |= {name for name, value in now.items() if self.at_start.get(name) != value}
         if not self.in_validation:
             self._stop(trainer)
 
     def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
         if self.in_validation and not trainer.sanity_checking:
             self._stop(trainer)
+
+
+def plain_attributes(module: L.LightningModule) -> dict[str, str]:
+    """The module's own attributes that hold plain Python values (a list a hook appends to, a counter), each as its
+    repr: state that no checkpoint holds."""
+    lightnings = set(vars(L.LightningModule()))
+    return {name: repr(value)[:1000] for name, value in vars(module).items()
+            if name not in lightnings and isinstance(value, list | dict | set | tuple | int | float)}  # fmt: skip
 
 
 class GuaranteeKit:
@@ -378,6 +394,13 @@ class GuaranteeKit:
         notices = [line for line in (got.parent / f"{got.name}.log").read_text().splitlines() if "notice:" in line]
         said = f"; the engine said: {notices[0].split('notice: ', 1)[1]}" if notices else ""
         likely = CAUSES[cause]
+        changed = sorted({name for marker in self.folder.glob(f"{got.name}-*.stopped")
+                          for name in json.loads(marker.read_text())["changed"]})  # fmt: skip
+        if changed and cause in ("mid_epoch", "several"):
+            likely = (f"the module's attribute{'s' if len(changed) > 1 else ''} {', '.join(changed)}, changed during "
+                      "training and held by no checkpoint (accumulate in a torchmetrics Metric, or log with "
+                      "self.log(..., on_epoch=True), which the engine resumes; or keep it in a registered buffer); "
+                      f"or {likely}")  # fmt: skip
         if cause in STREAM_CAUSES and self.reads_a_stream():
             likely = f"{STREAM_CAUSES[cause]}; or {likely}"
         # (a group's LR that differs follows from another difference, a schedule's: not named as a cause of its own)
