@@ -213,7 +213,9 @@ def test_ddp_spawn_stopped_by_sigterm_exits_143_and_resumes_to_the_uninterrupted
     reference, run_dir = tmp_path / "reference", tmp_path / "run"
     for folder in (reference, run_dir):
         folder.mkdir()
-    uninterrupted = start_script(reference, *spawn)
+    # (The uninterrupted run's processes forked, not spawned: the same two ranks' arithmetic, without importing torch
+    # in each again.)
+    uninterrupted = start_script(reference, "--engine_trainer", "--strategy=ddp_fork", "--devices=2")
     assert uninterrupted.wait(timeout=600) == 0, uninterrupted.communicate()[1][-3000:]
     signal_at = ["helpers.faults.SignalAt", {"hook": "on_train_batch_end", "step": BATCHES + 3}]
     stopped = start_script(run_dir, *spawn, callbacks=[signal_at])
