@@ -12,7 +12,6 @@ without one (an earlier release's, or a CheckpointIO of your own's) is read as b
 Depends on nothing but the standard library.
 """
 
-import os
 import zipfile
 import zlib
 from pathlib import Path
@@ -45,11 +44,8 @@ def crc32_of(path: Path) -> int:
 
 
 def write_digest(path: Path, crc: int, size: int) -> None:
-    """Write the digest line into `path` (a temporary file that durable.py renames into place) and fsync it."""
-    with open(path, "w") as file:
-        file.write(f"{crc:08x} {size}\n")
-        file.flush()
-        os.fsync(file.fileno())
+    """Write the digest line into `path` (a temporary file, which durable.py fsyncs and renames into place)."""
+    path.write_text(f"{crc:08x} {size}\n")
 
 
 def damage(path: str | Path) -> str | None:

@@ -76,13 +76,11 @@ from .validation import dump_checkpoint
 from .whole_checkpoint import META, is_checkpoint, saved_step
 
 TAKEN_AT = "taken_at"  # in every checkpoint of a run: the time its state was taken (time.time())
+PREVIOUS = "previous.ckpt"  # the last.ckpt before the newest, beside it
 
 # Lightning's warnings about an OnExceptionCheckpoint's file, which ExactResume says in its own words.
 for _message in (r"`\.fit\(ckpt_path=None\)` was called without a model", r'\.fit\(ckpt_path="last"\) is set, but'):
     warnings.filterwarnings("ignore", message=_message)
-
-
-PREVIOUS = "previous.ckpt"  # the last.ckpt before the newest, beside it
 
 
 def resolve_last(
