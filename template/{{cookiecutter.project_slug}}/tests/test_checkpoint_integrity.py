@@ -246,6 +246,22 @@ def test_the_first_save_after_going_on_from_previous_ckpt_keeps_it(copied):
     assert damage(last) is None and torch.load(last, weights_only=True)["global_step"] == 10
 
 
+def test_only_the_best_checkpoints_written_after_the_state_a_resume_goes_on_from_are_removed(tmp_path, capsys):
+    """Every best checkpoint kept (save_top_k -1: steps 6 and 12), the run directory moved (Lightning's ModelCheckpoint
+    then knows none of them) and its last.ckpt (step 12) damaged: the resume goes on from step 10 and removes the one
+    of step 12 alone, which it writes again; the one of step 6, whose state was taken before, stays."""
+    fit(tmp_path / "first", "--checkpoint.save_top_k=-1")
+    run_dir = (tmp_path / "first").rename(tmp_path / "moved")
+    best = sorted(p.name for p in (run_dir / "checkpoints").glob("epoch=*.ckpt"))
+    assert [name[:8] for name in best] == ["epoch=0-", "epoch=1-"]
+    flipped(run_dir / "checkpoints" / "last.ckpt", 4000)
+    resume(run_dir, *ARGS, "--checkpoint.save_top_k=-1")
+    removed = [line for line in capsys.readouterr().err.splitlines() if line.startswith("notice: removed ")]
+    assert removed == [f"notice: removed {best[1]} from {run_dir / 'checkpoints'}: written by a stopped run after step "
+                       "10, where this fit goes on, and unknown to it"]  # fmt: skip
+    assert sorted(p.name for p in (run_dir / "checkpoints").glob("epoch=*.ckpt")) == best
+
+
 def test_with_nothing_good_left_a_resume_stops_in_one_line_and_changes_nothing(copied):
     last, previous = copied / "checkpoints" / "last.ckpt", copied / "checkpoints" / "previous.ckpt"
     flipped(last, last.stat().st_size // 2)  # (in a tensor's record: its step can be read)

@@ -2,7 +2,8 @@
 that changed afterwards (a flipped bit on a disk or in a transfer, a copy cut short, a tail of zeros, a part
 overwritten or taken from another checkpoint) is refused in one line before a tensor of it reaches a model.
 
-`X.ckpt.crc32` holds the CRC-32 of every byte of `X.ckpt` and its size, one line: `1a2b3c4d 145123`. torch's loader
+`X.ckpt.crc32` holds the CRC-32 of every byte of `X.ckpt` and its size, one line, `1a2b3c4d 145123`, and the time
+its state was taken where the checkpoint says (`taken_at`: resume/leftovers.py reads it). torch's loader
 checks nothing, and the zip's own CRC checks cover only each record's data, not the zip's headers, the pickle's
 framing or a whole record swapped in with its own CRC. The digest covers every byte; CRC-32 finds any change of up to
 32 bits in a row and all but one in 2**32 of the others, which is all an accident does. It proves nothing against a
@@ -17,6 +18,7 @@ import zlib
 from pathlib import Path
 
 SUFFIX = ".crc32"
+TAKEN_AT = "taken_at"  # in every checkpoint of a fit with ExactResume: the time its state was taken (time.time())
 _CHUNK = 1 << 23
 _INTACT: set[tuple] = set()  # the files this process found intact, as (path, inode, size, mtime, digest's mtime)
 
@@ -43,9 +45,15 @@ def crc32_of(path: Path) -> int:
     return crc
 
 
-def write_digest(path: Path, crc: int, size: int) -> None:
+def write_digest(path: Path, crc: int, size: int, taken_at: float | None) -> None:
     """Write the digest line into `path` (a temporary file, which durable.py fsyncs and renames into place)."""
-    path.write_text(f"{crc:08x} {size}\n")
+    path.write_text(f"{crc:08x} {size}{'' if taken_at is None else f' {taken_at!r}'}\n")
+
+
+def taken_at(digest: str) -> float | None:
+    """The time a checkpoint's state was taken, from its digest's text; None where it does not say."""
+    fields = digest.split()
+    return float(fields[2]) if len(fields) > 2 else None
 
 
 def damage(path: str | Path) -> str | None:
@@ -56,7 +64,7 @@ def damage(path: str | Path) -> str | None:
     if key in _INTACT:
         return None
     try:
-        crc, size = digest.read_text().split()
+        crc, size = digest.read_text().split()[:2]
         crc, size = int(crc, 16), int(size)
     except FileNotFoundError:
         reason = _zip_damage(path)

@@ -26,7 +26,7 @@ import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning_utilities.core.apply_func import apply_to_collection
 
-from .digests import digest_of, verify, write_digest
+from .digests import TAKEN_AT, digest_of, taken_at, verify, write_digest
 from .whole_checkpoint import is_sharded, read_whole
 
 
@@ -172,7 +172,7 @@ class DurableCheckpointIO(TorchCheckpointIO):
                     self.write(checkpoint, writer)
                 file.flush()
                 os.fsync(file.fileno())  # durable before the previous state is moved
-            write_digest(digest_tmp, writer.crc, writer.size)
+            write_digest(digest_tmp, writer.crc, writer.size, checkpoint.get(TAKEN_AT))
             if previous is not None and path.is_file():
                 keep_as(path, Path(previous))
             # The digest first: a crash between the renames leaves a file that fails its digest, beside a whole
@@ -204,10 +204,11 @@ class DurableCheckpointIO(TorchCheckpointIO):
         digest_of(path).unlink(missing_ok=True)
 
     def checkpoints_in(self, folder: Path) -> dict[Path, float]:
-        """The checkpoint files in `folder` written with a digest (by this class), and when each was written: what a
-        resumed run may find written by a stopped run after its checkpoint (resume/exact_resume.py)."""
-        found = [path for path in Path(folder).glob("*.ckpt") if path.is_file() and digest_of(path).is_file()]
-        return {path: path.stat().st_mtime for path in found}
+        """The checkpoint files in `folder` whose digest (written by this class) says when their state was taken, and
+        that time: what a resumed run finds written by a stopped run after its own state (leftovers.py)."""
+        found = {path: taken_at(digest_of(path).read_text()) for path in Path(folder).glob("*.ckpt")
+                 if path.is_file() and digest_of(path).is_file()}  # fmt: skip
+        return {path: time for path, time in found.items() if time is not None}
 
     def load_checkpoint(self, path, *args, **kwargs) -> dict[str, Any]:
         """The checkpoint, once it matches its digest (digests.DamagedCheckpoint otherwise)."""

@@ -18,7 +18,7 @@ What is in last.ckpt, who writes each part and who puts it back:
 | batch_layout, no_batch_layout, drawn_order | data/loaders.py ResumableLoaders | the same, building the train loader |
 | epoch_state | epoch_state.py EpochState, every rank's | after the module's on_train_start; sums after a batch |
 | recipe_log_window | training/recipe.py TrainingRecipe (its own hook) | the same |
-| taken_at | ExactResume: the time the state was taken | what a resumed run removes as written after it |
+| taken_at | ExactResume: the time the state was taken (its digest says it too) | what a resumed run removes |
 
 Beside it: `last.ckpt.crc32`, its digest (digests.py), and `previous.ckpt` with its own, the last.ckpt before it, kept
 (a hard link: no copy) until the new one is written whole and durable. A resume whose last.ckpt fails its digest, or
@@ -62,7 +62,7 @@ from ..errors import UsageError
 from ..internals import ckpt_path_being_resolved
 from ..training.steps import KEY as STEPS
 from ..training.steps import steps_in, training_steps
-from .digests import damage
+from .digests import TAKEN_AT, damage
 from .durable import CheckpointWriteError, DurableCheckpointIO, snapshot
 from .epoch_state import EpochState
 from .finished_epochs import keep_finished_epochs_finished
@@ -75,7 +75,6 @@ from .trained_state import TrainedState
 from .validation import dump_checkpoint
 from .whole_checkpoint import META, is_checkpoint, saved_step
 
-TAKEN_AT = "taken_at"  # in every checkpoint of a run: the time its state was taken (time.time())
 PREVIOUS = "previous.ckpt"  # the last.ckpt before the newest, beside it
 
 # Lightning's warnings about an OnExceptionCheckpoint's file, which ExactResume says in its own words.
@@ -192,7 +191,7 @@ class ExactResume(OnExceptionCheckpoint):
         self._exit_code: int | None = None
         self._owns_signals = False
         self._resumed = False  # whether the metrics and sums of a resumed run are to be put back
-        self._taken_at: float | None = None  # when the state this fit started from was taken (None: a fresh start)
+        self._taken_at: float | None = None  # when the state this fit goes on from was taken (None: a fresh start)
         self._last_is_good = False  # whether last.ckpt is this fit's own or the one it resumed: kept at a save
 
     @property
@@ -302,7 +301,7 @@ class ExactResume(OnExceptionCheckpoint):
         self._saved_at = steps_in(checkpoint)  # writing this state again would be a write mid-window
         resumed = Path(trainer.ckpt_path)
         self._last_is_good = resumed.resolve() == self.path.resolve()
-        self._taken_at = checkpoint.get(TAKEN_AT) or (resumed.stat().st_mtime if resumed.exists() else None)
+        self._taken_at = checkpoint.get(TAKEN_AT, float("inf"))  # (an earlier release's: nothing is after it)
         # No sanity check in a resumed run: the run's start made it, and Lightning skips it mid-epoch itself, but at an
         # epoch boundary it would run the module's validation hooks once more than the run that never stopped did.
         trainer.num_sanity_val_steps = 0

@@ -27,11 +27,11 @@ def remove_temporaries(folder: Path) -> None:
 
 def remove_unknown(trainer: L.Trainer, io: DurableCheckpointIO, run: Path, kept: list[Path], since: float | None,
                    say: str) -> None:  # fmt: skip
-    """Remove the checkpoints that `io` wrote (those with a digest) into the folders of the trainer's ModelCheckpoints
-    inside the run directory `run`, which none of them knows of, nor are `kept`, and that were written after `since`
-    (None: at any time, a fresh start), give or take a second (filesystems and stores keep coarser times than the
-    clock); then print one notice, `say` formatted with the names and the folder. A folder outside the run directory
-    may be shared with other runs: it is left alone."""
+    """Remove the checkpoints that `io` wrote into the folders of the trainer's ModelCheckpoints inside the run
+    directory `run`, which none of them knows of, nor are `kept`, and whose state was taken after `since` (None: at any
+    time, a fresh start), by their digests (digests.py: the same process's clock as `since`, to the microsecond; a
+    file's or an object's own time may be a clock tick or a whole second off); then print one notice, `say` formatted
+    with the names and the folder. A folder outside the run directory may be shared with other runs: left alone."""
     keepers = [callback for callback in trainer.checkpoint_callbacks if isinstance(callback, ModelCheckpoint)]
     known = {Path(path).resolve() for path in kept} | {
         Path(path).resolve()
@@ -42,8 +42,8 @@ def remove_unknown(trainer: L.Trainer, io: DurableCheckpointIO, run: Path, kept:
     for folder in sorted({Path(keeper.dirpath).resolve() for keeper in keepers if keeper.dirpath}):
         if not folder.is_relative_to(run.resolve()):
             continue
-        stale = sorted(path for path, written in io.checkpoints_in(folder).items()
-                       if path.resolve() not in known and written >= (since or 1) - 1)  # fmt: skip
+        stale = sorted(path for path, taken in io.checkpoints_in(folder).items()
+                       if path.resolve() not in known and (since is None or taken > since))  # fmt: skip
         for path in stale:
             io.remove_checkpoint(path)
         if stale:

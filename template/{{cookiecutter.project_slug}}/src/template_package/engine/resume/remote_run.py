@@ -34,7 +34,7 @@ import fsspec
 import lightning as L
 from lightning.pytorch.callbacks import Callback
 
-from .digests import SUFFIX, digest_of
+from .digests import SUFFIX, digest_of, taken_at
 from .durable import DurableCheckpointIO
 
 # The filesystem package each scheme needs, and the project's extra that installs it.
@@ -323,13 +323,6 @@ class Uploads:
                 pinned.unlink(missing_ok=True)
 
 
-def modified_time(info: dict) -> float:
-    """When an object was last written, from what a store's listing says of it (S3's LastModified, fsspec's mtime or
-    created), as seconds since the epoch."""
-    when = info.get("LastModified") or info.get("mtime") or info.get("created")
-    return when.timestamp() if hasattr(when, "timestamp") else float(when)
-
-
 def store_reason(error: BaseException) -> str:
     """A store's error in a few words: its type and first line (a timeout: no answer)."""
     text = str(error).strip().splitlines()[0][:200] if str(error).strip() else "no answer in time"
@@ -357,16 +350,17 @@ class MirroredCheckpointIO(DurableCheckpointIO):
         self.uploads.deleted(Path(path))
 
     def checkpoints_in(self, folder: Path) -> dict[Path, float]:
-        """The checkpoints with a digest in the store's copy of the run's `folder`, by their local paths, and when each
-        reached the store."""
-        run = self.uploads.run
+        """DurableCheckpointIO's, of the store's copy of the run's `folder` (its digests read from the store), by
+        their local paths."""
+        run, found = self.uploads.run, {}
+        prefix = f"{run.root}/{Path(folder).relative_to(run.local).as_posix()}"
         try:
-            found = run.call("ls", f"{run.root}/{Path(folder).relative_to(run.local).as_posix()}", detail=True)
+            names = {path.rsplit("/", 1)[-1] for path in run.call("ls", prefix, detail=False)}
         except FileNotFoundError:
             return {}
-        objects = {info["name"].rsplit("/", 1)[-1]: info for info in found}
-        return {Path(folder) / name: modified_time(info) for name, info in objects.items()
-                if name.endswith(".ckpt") and name + SUFFIX in objects}  # fmt: skip
+        for name in sorted(name for name in names if name.endswith(".ckpt") and name + SUFFIX in names):
+            found[Path(folder) / name] = taken_at(run.call("cat_file", f"{prefix}/{name}{SUFFIX}").decode())
+        return {path: time for path, time in found.items() if time is not None}
 
     def logs_flushed(self) -> None:
         self.uploads.logs()
