@@ -61,7 +61,7 @@ def test_resume_continues_the_same_run(run_dir: Path):
     resume(run_dir, *QUICK[1:], "--trainer.max_epochs=3")
     ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
     assert ckpt["global_step"] == 18
-    assert sorted(p.name for p in (run_dir / "checkpoints").glob("last*")) == ["last.ckpt"]
+    assert sorted(p.name for p in (run_dir / "checkpoints").glob("last*")) == ["last.ckpt", "last.ckpt.crc32"]
     assert [step for step, _ in scalars(run_dir)["val/acc"]] == [5, 11, 17]  # one TensorBoard run, no gap
     assert not list(run_dir.glob("version_*"))
 

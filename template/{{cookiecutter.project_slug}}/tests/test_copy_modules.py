@@ -199,4 +199,6 @@ def test_resume_modules_keep_last_ckpt_with_a_bare_trainer(tmp_path):
     trainer.fit(BoringModel(), DataLoader(RandomDataset(32, 64), batch_size=2))
     checkpoint = torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=True)
     assert checkpoint["global_step"] == 12 and "rng_states" in checkpoint
-    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["last.ckpt"]  # (the run's .lock is beside it)
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == [  # (the run's .lock is beside it)
+        "last.ckpt", "last.ckpt.crc32", "previous.ckpt", "previous.ckpt.crc32"
+    ]  # fmt: skip

@@ -12,6 +12,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from template_package.engine.data.loaders import resumable_loader
 from template_package.engine.data.sampling import EpochShuffleSampler
+from template_package.engine.resume.durable import DurableCheckpointIO
 from template_package.engine.training.batch_layout import BatchLayout
 
 from helpers.cli import cli, extra_config, resume, scalars
@@ -198,7 +199,7 @@ def saved_by_two(run_dir: Path, layout: dict | None) -> None:
         del checkpoint["batch_layout"]
     else:
         checkpoint["batch_layout"] = layout
-    torch.save(checkpoint, path)
+    DurableCheckpointIO().save_checkpoint(checkpoint, path)  # (with its digest, as a run writes it)
 
 
 LAYOUT = {"world_size": 2, "batch_size": 32, "accumulate": 1, "asked": [32, 1]}

@@ -5,6 +5,7 @@ epoch rows; one fit a folder; `ckpt_path="last"` on an empty folder starts with 
 run is refused; `ckpt_path="best"` names the user's ModelCheckpoint's best whatever the callbacks' order."""
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from template_package.engine import ExactResume
 from template_package.engine.errors import UsageError
+from template_package.engine.resume.digests import damage
 
 from helpers.cli import started, subprocess_env
 from helpers.plain_trainer import BATCHES, MetricsModule, PlainData, logged
@@ -100,6 +102,22 @@ def test_one_fit_a_folder_and_last_starts_an_empty_one_and_a_fit_without_it_over
         capsys.readouterr().out
     )
     assert torch.load(empty / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 3 * BATCHES
+
+
+def test_a_plain_trainers_damaged_last_ckpt_goes_on_from_previous_ckpt(tmp_path, uninterrupted, capsys):
+    """fit(ckpt_path="last") in a Trainer of the user's own: last.ckpt (step 36) with a byte changed, previous.ckpt
+    (step 35) intact: one notice, and the run ends as the uninterrupted one, every logged value included."""
+    run_dir = Path(shutil.copytree(uninterrupted, tmp_path / "run"))
+    last, previous = run_dir / "checkpoints" / "last.ckpt", run_dir / "checkpoints" / "previous.ckpt"
+    data = bytearray(last.read_bytes())
+    data[len(data) // 2] ^= 0x04
+    last.write_bytes(data)
+    why = damage(last)
+    plain_fit([str(run_dir), "--ckpt_path=last"])
+    notice = [line for line in capsys.readouterr().err.splitlines() if line.startswith("notice: ")]
+    assert notice == [f"notice: {last} (step 36) is damaged: {why}: resuming from {previous}, the state before it "
+                      "(step 35)"]  # fmt: skip
+    assert_same_as(uninterrupted, run_dir)
 
 
 @pytest.mark.parametrize("first", [True, False], ids=["listed_first", "listed_last"])

@@ -103,7 +103,7 @@ def test_a_failed_top_k_write_stops_the_run_with_the_file_named(tmp_path, run_di
     assert message.startswith(f"error: cannot write the checkpoint {run_dir / 'checkpoints' / 'epoch=0-val_acc='}")
     assert message.endswith(f"(Input/output error): check the disk (an I/O error), or give another "
                             f"--trainer.default_root_dir; {last_ckpt(run_dir)} still holds step 5")  # fmt: skip
-    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["last.ckpt"]  # no partial top-k file
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["last.ckpt", "last.ckpt.crc32"]  # no top-k
     resume(run_dir, *ARGS)
     assert_same_run(reference, run_dir)
 
@@ -303,7 +303,7 @@ def test_a_finished_run_says_what_it_got_and_where_it_is(run_dir, capsys):
     to look at the run."""
     fit(run_dir)
     out = capsys.readouterr().out
-    best = max((run_dir / "checkpoints").glob("epoch=*"), key=lambda p: float(p.stem.split("val_acc=")[1]))
+    best = max((run_dir / "checkpoints").glob("epoch=*.ckpt"), key=lambda p: float(p.stem.split("val_acc=")[1]))
     assert f"best {best.stem.split('val_acc=')[1]}: {best}" in out and "val/acc 0." in out
     assert f"last state (step 12): {last_ckpt(run_dir)}; continue it with --ckpt_path last" in out
     assert f"tensorboard --logdir {run_dir}" in out

@@ -75,4 +75,4 @@ def test_a_model_checkpoint_of_the_users_leaves_the_runs_best_checkpoints_in_cha
                                                                 f"ModelCheckpoint", "init_args": theirs}])  # fmt: skip
     trainer = cli("fit", f"--trainer.default_root_dir={tmp_path / 'run'}", *QUICK, "-c", config).trainer
     assert isinstance(trainer.checkpoint_callback, BestCheckpoints) and trainer.checkpoint_callback.monitor == "val/acc"
-    assert sorted(path.name for path in (tmp_path / "theirs").iterdir()) == ["epoch=0.ckpt", "epoch=1.ckpt"]
+    assert sorted(path.name for path in (tmp_path / "theirs").glob("*.ckpt")) == ["epoch=0.ckpt", "epoch=1.ckpt"]

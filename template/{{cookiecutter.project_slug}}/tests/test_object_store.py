@@ -117,6 +117,35 @@ def test_a_run_in_the_store_keeps_its_files_there_and_evaluates_from_there(bucke
     assert (tmp_path / "exported" / "model.pt").is_file()
 
 
+def test_a_damaged_last_ckpt_in_the_store_is_refused_and_a_resume_goes_on_from_previous_ckpt(
+    bucket, tmp_path, tmp_path_factory, capsys
+):
+    """Stopped by SIGTERM at step 40 (last.ckpt) after the save of step 35 (previous.ckpt), each uploaded with its
+    digest; a byte of last.ckpt changed in the store: validate refuses it in one line, and --ckpt_path last goes on
+    from previous.ckpt, read from the store, to the uninterrupted run's end."""
+    url, fs = f"s3://{bucket}/damaged", store()
+    signal_ = {"class_path": "helpers.faults.SignalAt",
+               "init_args": {"hook": "on_train_batch_end", "signal_name": "SIGTERM", "step": 40}}  # fmt: skip
+    with pytest.raises(SystemExit):
+        cli("fit", f"--trainer.default_root_dir={url}", *BASE, "-c", extra_config(tmp_path / "s.yaml", [signal_]))
+    last = f"{bucket}/damaged/checkpoints/last.ckpt"
+    assert saved_step(fs, last) == 40 and saved_step(fs, f"{bucket}/damaged/checkpoints/previous.ckpt") == 35
+    data = bytearray(fs.cat(last))
+    data[len(data) // 2] ^= 0x10
+    fs.pipe(last, bytes(data))
+    with pytest.raises(SystemExit) as stop:
+        cli("validate", f"--ckpt_path={url}/checkpoints/last.ckpt")
+    assert "/last.ckpt is damaged: its CRC-32 is " in stop.value.code and "\n" not in stop.value.code
+    capsys.readouterr()
+    cli("fit", f"--trainer.default_root_dir={url}", "--ckpt_path=last", *BASE)
+    err = capsys.readouterr().err
+    assert f"notice: {url}/checkpoints/last.ckpt (step 40) is damaged: its CRC-32 is " in err
+    assert f": resuming from {url}/checkpoints/previous.ckpt, the state before it (step 35)" in err
+    got = tmp_path / "from_the_store"
+    fs.get(f"{bucket}/damaged", str(got), recursive=True)
+    assert_same_run(reference_run(tmp_path_factory, []), got)
+
+
 def test_a_second_fit_on_a_live_run_is_refused_in_one_line_and_writes_nothing(bucket, tmp_path, monkeypatch, capsys):
     url = f"s3://{bucket}/live"
     freeze = {"class_path": "helpers.kill_points.FreezeAt", "init_args": {"marker": str(tmp_path / "frozen"),
@@ -292,6 +321,37 @@ def test_two_processes_killed_and_resumed_from_the_store_end_bit_identical(bucke
            "ended on this machine" in err  # fmt: skip
     got = tmp_path / "from_the_store"
     fs.get(f"{bucket}/ddp", str(got), recursive=True)
+    assert_same_run(reference, got)
+
+
+@pytest.mark.slow
+def test_a_run_killed_after_a_best_checkpoint_newer_than_last_ckpt_leaves_the_uninterrupted_runs_files_in_the_store(
+    bucket, tmp_path, tmp_path_factory, capsys
+):
+    """save_top_k 2, killed at step 40 once all it wrote is in the store: epoch 1's best checkpoint (step 38), last.ckpt
+    holding step 35. The resumed run removes that checkpoint from the store before its first save: resumed to step 37
+    only, the bucket holds none of epoch 1; resumed to the end, it holds the uninterrupted run's files, each with its
+    digest (test_checkpoint_integrity.py: in a local folder)."""
+    args = ["--checkpoint.save_top_k=2"]
+    reference = reference_run(tmp_path_factory, args)
+    url, fs = f"s3://{bucket}/stale", store()
+    freeze = {"class_path": "helpers.kill_points.FreezeAt", "init_args": {"marker": str(tmp_path / "frozen"),
+              "hook": "on_train_batch_end", "step": 40, "uploaded": True}}  # fmt: skip
+    killed = started(WarmProcess(["fit", f"--trainer.default_root_dir={url}", *BASE, *args,
+                                  "-c", extra_config(tmp_path / "freeze.yaml", callbacks=[freeze])]))  # fmt: skip
+    wait_for((tmp_path / "frozen").exists, killed, what="step 40")
+    kill(killed)
+    names = lambda: sorted(path.rsplit("/", 1)[1] for path in fs.ls(f"{bucket}/stale/checkpoints"))  # noqa: E731
+    best = [name for name in names() if name.startswith("epoch=")]
+    assert [name[:8] for name in best] == ["epoch=0-"] * 2 + ["epoch=1-"] * 2  # each with its digest
+    assert saved_step(fs, f"{bucket}/stale/checkpoints/last.ckpt") == 35
+    cli("fit", f"--trainer.default_root_dir={url}", "--ckpt_path=last", *BASE, *args, "--trainer.max_steps=37")
+    assert [name for name in names() if name.startswith("epoch=")] == best[:2]
+    assert "notice: removed epoch=1-val_acc=" in capsys.readouterr().err
+    cli("fit", f"--trainer.default_root_dir={url}", "--ckpt_path=last", *BASE, *args)
+    assert names() == sorted(path.name for path in (reference / "checkpoints").iterdir())
+    got = tmp_path / "from_the_store"
+    fs.get(f"{bucket}/stale", str(got), recursive=True)
     assert_same_run(reference, got)
 
 

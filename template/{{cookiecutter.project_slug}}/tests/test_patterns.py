@@ -143,7 +143,7 @@ def test_lightnings_own_demo_classes_train_with_nothing_to_monitor_and_evaluate_
     cli("fit", f"--trainer.default_root_dir={run_dir}", *QUICK, "--checkpoint.monitor=null", task=task)
     err = capsys.readouterr().err
     assert err.count("notice: checkpoint.monitor is null: no best checkpoints, only") == 1
-    assert sorted(path.name for path in (run_dir / "checkpoints").iterdir()) == ["last.ckpt"]
+    assert sorted(path.name for path in (run_dir / "checkpoints").iterdir()) == ["last.ckpt", "last.ckpt.crc32"]
     last = run_dir / "checkpoints" / "last.ckpt"
     for command in ("validate", "test", "predict"):
         cli(command, f"--ckpt_path={last}", task=task)

@@ -6,6 +6,8 @@ sampler whose order is not a function of the seed and the epoch gets one notice 
 import pytest
 import torch
 
+from template_package.engine.resume.durable import DurableCheckpointIO
+
 from helpers.cli import QUICK, STAND_IN, cli, resume
 from helpers.runs import (
     BASE,
@@ -76,7 +78,7 @@ def test_a_batch_samplers_run_moved_to_another_number_of_processes_is_refused_wi
     checkpoint["rng_states"] = {
         name: rows.repeat(2, *[1] * (rows.dim() - 1)) for name, rows in checkpoint["rng_states"].items()
     }  # fmt: skip (as if saved by 2)
-    torch.save(checkpoint, checkpoint_path)
+    DurableCheckpointIO().save_checkpoint(checkpoint, checkpoint_path)  # (with its digest, as a run writes it)
     with pytest.raises(SystemExit) as stop:
         cli("fit", f"--trainer.default_root_dir={run_dir}", "--ckpt_path=last", *QUICK, *SAMPLED["bucketing"],
             "--allow_change=world_size")  # fmt: skip
@@ -97,7 +99,7 @@ def test_batched_reads_moved_to_another_number_of_processes_say_their_draws_diff
         name: rows.repeat(2, *[1] * (rows.dim() - 1)) for name, rows in checkpoint["rng_states"].items()
     }  # fmt: skip (as if saved by 2)
     checkpoint["batch_layout"].update(world_size=2, batch_size=32)
-    torch.save(checkpoint, path)
+    DurableCheckpointIO().save_checkpoint(checkpoint, path)
     capsys.readouterr()
     resume(run_dir, "--trainer.max_steps=8", "--trainer.limit_val_batches=1", *SAMPLED["batch_reads"],
            "--allow_change=world_size")  # fmt: skip

@@ -57,7 +57,8 @@ def reference(tmp_path_factory) -> Path:
 def test_last_ckpt_is_a_folder_of_every_processes_shards(reference):
     last = last_ckpt(reference)
     assert last.is_symlink() and is_sharded(last) and saved_step(last) == 18
-    assert sorted(p.name for p in last.iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp", "meta.pt"]
+    assert sorted(p.name for p in last.iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp", "meta.pt",
+                                                      "meta.pt.crc32"]  # fmt: skip
     metadata = FileSystemReader(last).read_metadata()
     head = metadata.state_dict_metadata["state_dict.net.8.weight"]  # the linear head, 10 x 512
     assert [tuple(chunk.offsets) for chunk in head.chunks] == [(0, 0), (5, 0)]  # half the rows in each file

@@ -22,7 +22,7 @@ class FreezeAt(Callback):
     hook: on_train_batch_end, on_train_epoch_start, on_train_epoch_end or on_validation_batch_end (inside a checkpoint
     write: helpers.faults.StallingCheckpointIO). It freezes once per marker, so a requeued or restarted run with the
     same options goes on. flush_logs: flush the loggers first, so what was logged so far is on disk when the process is
-    killed.
+    killed. uploaded: a run in object storage freezes once every file written so far is in the store.
     """
 
     def __init__(
@@ -33,9 +33,10 @@ class FreezeAt(Callback):
         batch_idx: int | None = None,
         flush_logs: bool = False,
         until_signal: bool = False,
+        uploaded: bool = False,
     ) -> None:
         self.marker, self.hook, self.step, self.batch_idx = Path(marker), hook, step, batch_idx
-        self.flush_logs, self.until_signal = flush_logs, until_signal
+        self.flush_logs, self.until_signal, self.uploaded = flush_logs, until_signal, uploaded
 
     def _freeze(self, trainer: L.Trainer) -> None:
         from template_package.engine.resume.exact_resume import ExactResume
@@ -46,6 +47,9 @@ class FreezeAt(Callback):
         if self.flush_logs:
             for logger in trainer.loggers:
                 logger.save()
+        uploads = trainer.strategy.checkpoint_io.uploads if self.uploaded else None
+        while uploads is not None and (uploads._queue or uploads._busy):
+            time.sleep(0.05)
         self.marker.write_text(str(os.getpid()))
         self.hook = "done"
         if not self.until_signal:

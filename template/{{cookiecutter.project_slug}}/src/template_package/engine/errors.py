@@ -3,7 +3,8 @@ traceback for anything else.
 
 Decided by the error's type, never by where it was raised: a mistake is reported with the project's own
 `UsageError` (its message names the value and what to do), Lightning's `MisconfigurationException` (raised for
-configuration mistakes only), an option the parser refused, a checkpoint that could not be written, or an OS error
+configuration mistakes only), an option the parser refused, a checkpoint that could not be written or read back as
+it was written (resume/digests.py), or an OS error
 of a write that the machine refused (a full disk, a quota, a file size limit, a read-only or failing disk), or a store
 that stopped answering (remote_run.StoreError). Anything else, a ValueError from torch or from a line of the user's
 own model or data code included, is a bug to find, and keeps its traceback.
@@ -15,6 +16,7 @@ from pathlib import Path
 
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 
+from .resume.digests import DamagedCheckpoint
 from .resume.durable import CheckpointWriteError
 from .resume.remote_run import StoreError
 from .resume.whole_checkpoint import is_checkpoint, saved_step
@@ -46,7 +48,8 @@ MACHINE_FAULTS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EI
 def is_a_users_mistake(error: BaseException) -> bool:
     """Whether `error` reports a mistake in what the user gave or a fault of the machine (one line), rather than a
     bug (a traceback)."""
-    if isinstance(error, UsageError | CheckpointWriteError | StoreError | MisconfigurationException):
+    mistakes = UsageError | CheckpointWriteError | DamagedCheckpoint | StoreError | MisconfigurationException
+    if isinstance(error, mistakes):
         return True
     return isinstance(error, OSError) and error.errno in MACHINE_FAULTS
 

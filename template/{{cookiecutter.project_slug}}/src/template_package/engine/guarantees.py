@@ -53,6 +53,7 @@ from .cli.help import program
 from .data.streams import saved_stream
 from .errors import UsageError
 from .resume.exact_resume import ExactResume
+from .resume.whole_checkpoint import read_whole
 from .training.steps import steps_in, training_steps
 
 ENGINE = __package__  # the class paths of the kit's own callbacks and logger
@@ -441,13 +442,12 @@ def mistake_or_failure(run_dir: Path | None, run: subprocess.CompletedProcess) -
 
 def reads_a_stream(run_dir: Path) -> bool:
     """Whether a run's train loader read a stream the engine makes exact (data/streams.py)."""
-    checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True, map_location="cpu")
-    return saved_stream(checkpoint) is not None
+    return saved_stream(read_whole(run_dir / "checkpoints" / "last.ckpt")) is not None
 
 
 def steps_of(run_dir: Path) -> int:
     """The training steps of a run's final checkpoint (training/steps.py: batches that stepped)."""
-    return steps_in(torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True, map_location="cpu"))
+    return steps_in(read_whole(run_dir / "checkpoints" / "last.ckpt"))
 
 
 def differences(expected: Path, got: Path) -> list[str]:
@@ -478,8 +478,8 @@ def first_logged_difference(expected: Path, got: Path) -> list[str]:
 
 
 def first_state_difference(expected: Path, got: Path) -> list[str]:
-    ours = torch.load(expected / "checkpoints" / "last.ckpt", weights_only=True, map_location="cpu")
-    theirs = torch.load(got / "checkpoints" / "last.ckpt", weights_only=True, map_location="cpu")
+    ours = read_whole(expected / "checkpoints" / "last.ckpt")  # (checked against its digest: resume/digests.py)
+    theirs = read_whole(got / "checkpoints" / "last.ckpt")
     for key in COMPARED:
         difference = first_difference(ours.get(key), theirs.get(key), key)
         if difference:

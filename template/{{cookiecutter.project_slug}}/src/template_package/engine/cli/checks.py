@@ -18,10 +18,11 @@ from lightning.pytorch.cli import LightningArgumentParser
 from ..data.streams import saved_stream
 from ..errors import UsageError
 from ..internals import parser_actions, subcommands_action
+from ..resume.digests import DamagedCheckpoint
 from ..resume.object_lock import ObjectLock
 from ..resume.remote_run import RemoteRun, store_reason
 from ..resume.rng import KEY as RNG_STATES
-from ..resume.run_lock import RunDirectoryBusy, RunLock
+from ..resume.run_lock import RunDirectoryBusy, RunLock, is_global_rank_zero
 from ..resume.whole_checkpoint import is_checkpoint, read_for_checks
 from ..training.batch_layout import NO_LAYOUT, saved_layout
 from ..training.trainer import PRECISION_INPUT
@@ -173,16 +174,23 @@ def check_store_writable(remote: RemoteRun) -> None:
 
 
 def check_checkpoint(ckpt_path: str, weights_only: bool | None) -> dict | None:
-    """Refuse a checkpoint that is missing, unreadable, or needs unpickling arbitrary objects, in one line; return
-    it (memory-mapped, so reading it costs little; a sharded one without its weights' values) for further checks."""
+    """Refuse a checkpoint that is missing, damaged (its digest: resume/digests.py), unreadable, or needs unpickling
+    arbitrary objects, in one line; return it (memory-mapped, so reading it costs little; a sharded one without its
+    weights' values) for further checks."""
     if ckpt_path in ("best", "hpc", "registry"):
         return None
     path = Path(ckpt_path)
     if not is_checkpoint(path):
         what = "is not a checkpoint (a folder without .metadata and meta.pt)" if path.is_dir() else "does not exist"
         raise SystemExit(f"error: --ckpt_path {ckpt_path} {what}: give the path of a .ckpt file or sharded folder")
+    if path.is_dir() and is_global_rank_zero():
+        print(f"notice: --ckpt_path {ckpt_path} is sharded: its meta.pt is checked against its digest, its shard files "
+              "only for their sizes (they carry no digest)", file=sys.stderr)  # fmt: skip
     try:  # a sharded folder: its meta.pt, and the shapes of its weights (resume/whole_checkpoint.py)
         checkpoint = read_for_checks(path, weights_only=weights_only is not False)
+    except DamagedCheckpoint as damaged:
+        why = damaged.reason
+        raise SystemExit(f"error: --ckpt_path {ckpt_path} is damaged: {why}: use another checkpoint") from None
     except pickle.UnpicklingError as error:
         if "unsupported global" not in str(error).lower():  # (torch: "Unsupported global", "unsupported GLOBAL")
             raise SystemExit(f"error: --ckpt_path {ckpt_path} is corrupted ({error}): use another checkpoint") from None

@@ -22,6 +22,7 @@ import lightning as L
 import torch
 
 from ..errors import UsageError
+from ..resume.digests import DamagedCheckpoint
 from ..resume.durable import CheckpointWriteError, DurableCheckpointIO
 from ..resume.remote_run import is_url
 from ..resume.whole_checkpoint import is_checkpoint, is_sharded, read_whole
@@ -92,7 +93,7 @@ def write_whole(ckpt_path: str, output: Path) -> None:
     """The checkpoint as one file (temporary file, fsync, rename), whatever its form."""
     try:
         DurableCheckpointIO().save_checkpoint(read_whole(ckpt_path), output)
-    except CheckpointWriteError as error:
+    except (CheckpointWriteError, DamagedCheckpoint) as error:
         raise SystemExit(f"error: {error}") from None
     print(f"exported {output} (checkpoint): one file that loads without FSDP (--ckpt_path {output})")
 

@@ -18,8 +18,10 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger, Logger
 
 from ..report.loggers import RunMLFlowLogger
+from ..resume.digests import damage
 from ..resume.exact_resume import ExactResume, resolve_last
 from ..resume.remote_run import CHECKPOINTS, RemoteRun, fetch, is_url
+from ..resume.run_lock import is_global_rank_zero
 from ..resume.whole_checkpoint import is_checkpoint
 from ..training.steps import training_steps
 
@@ -51,14 +53,14 @@ def how_to_look_at(logger: Logger, shown: Callable[[Path | str], str] = str) -> 
 
 
 def resolve_resume(config, shown: Callable[[Path | str], str] = str) -> None:
-    """Turn `--ckpt_path last` into this run's last.ckpt, and keep a fresh fit from overwriting a run (a smoke run,
-    `fast_dev_run`, writes no checkpoint, log or config: it may run in any run directory): ExactResume's rule, before
-    anything is built."""
+    """Turn `--ckpt_path last` into this run's last.ckpt, or, when that is damaged, its previous.ckpt, and keep a fresh
+    fit from overwriting a run (a smoke run, `fast_dev_run`, writes no checkpoint, log or config: it may run in any run
+    directory): ExactResume's rule, before anything is built (the loggers purge from the step of the one chosen)."""
     if config.ckpt_path in ("last", None):
         last = Path(config.last_checkpoint.dirpath) / ExactResume.FILENAME
         smoke, run = bool(config.trainer.fast_dev_run), Path(config.trainer.default_root_dir)
         found = resolve_last(last, config.ckpt_path, smoke, "--ckpt_path last", "a new --trainer.default_root_dir",
-                             shown=shown, run=run)  # fmt: skip
+                             say=is_global_rank_zero(), shown=shown, run=run)  # fmt: skip
         config.ckpt_path = None if found is None else str(found)
 
 
@@ -85,12 +87,13 @@ def run_of_checkpoint(ckpt_path: str) -> str | None:
 
 def work_in_the_store(config, remote: RemoteRun, fit: bool) -> None:
     """Read what the command needs of the run in the store into its local folder, and point the config there: the
-    loggers' files and config.yaml, and the checkpoint named (for a fit without one, last.ckpt: resolve_resume
-    decides whether it resumes or refuses to start over it)."""
+    loggers' files and config.yaml, and the checkpoint named (for a fit without one, last.ckpt, and previous.ckpt when
+    last.ckpt is missing or damaged: resolve_resume decides whether it resumes or refuses to start over it)."""
     remote.fetch_run()
-    last = f"{CHECKPOINTS}/{ExactResume.FILENAME}"
     if fit and config.ckpt_path in ("last", None):
-        remote.fetch(last)
+        last = remote.fetch(f"{CHECKPOINTS}/{ExactResume.FILENAME}")
+        if last is None or damage(last) is not None:
+            remote.fetch(f"{CHECKPOINTS}/{ExactResume.PREVIOUS}")
     elif is_url(config.ckpt_path):
         inside = config.ckpt_path.startswith(remote.url + "/")
         local = remote.fetch(config.ckpt_path[len(remote.url) + 1 :]) if inside else None

@@ -18,6 +18,13 @@ What is in last.ckpt, who writes each part and who puts it back:
 | train_loader_seed, batch_layout, no_batch_layout, drawn_order | data/loaders.py ResumableLoaders | the same |
 | epoch_state | epoch_state.py EpochState, every rank's | after the module's on_train_start; sums after a batch |
 | recipe_log_window | training/recipe.py TrainingRecipe (its own hook) | the same |
+| taken_at | ExactResume: the time the state was taken (its digest says it too) | what a resumed run removes |
+
+Beside it: `last.ckpt.crc32`, its digest (digests.py), and `previous.ckpt` with its own, the last.ckpt before it, kept
+(a hard link: no copy) until the new one is written whole and durable. A resume whose last.ckpt fails its digest, or
+is missing, goes on from previous.ckpt with a notice, and stops in one line when that fails too, changing nothing
+(`resolve_last`). previous.ckpt is not named `last*`: Lightning's own look-up of a last checkpoint would take it.
+`keep_previous=False` keeps last.ckpt alone, for a state that does not fit twice on the disk.
 
 When last.ckpt is written: after an optimizer step whose count (training/steps.py) reaches a multiple of
 `every_n_steps` (never inside a gradient-accumulation window; one due on an epoch's last batch at that epoch's end,
@@ -28,15 +35,17 @@ thread and written in the background, durably (durable.py), once every step befo
 
 A fit holds its run's lock (`.lock` beside `dirpath`, in the run directory: run_lock.py) from its start;
 `fit(ckpt_path="last")` resumes the folder's last.ckpt or, when it has none yet, trains from scratch with a notice; a
-fit without `ckpt_path` into a folder that holds a run is refused in one line. What needs a parsed command line stays
-with the CLI: the comparison of changed options, a run directory in object storage, purging what the killed run
-logged after its checkpoint.
+fit without `ckpt_path` into a folder that holds a run is refused in one line. Before its first save, a fit removes
+what a stopped run left in the run directory after the state the fit starts from (leftovers.py). What needs a parsed
+command line stays with the CLI: the comparison of changed options, a run directory in object storage, purging what
+the killed run logged after its checkpoint.
 Depends on torch, lightning and the engine's resume/, data/loaders.py and training/steps.py.
 """
 
 import errno
 import signal
 import sys
+import time
 import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -53,16 +62,20 @@ from ..errors import UsageError
 from ..internals import ckpt_path_being_resolved
 from ..training.steps import KEY as STEPS
 from ..training.steps import steps_in, training_steps
+from .digests import TAKEN_AT, damage
 from .durable import CheckpointWriteError, DurableCheckpointIO, snapshot
 from .epoch_state import EpochState
 from .finished_epochs import keep_finished_epochs_finished
+from .leftovers import remove_temporaries, remove_unknown
 from .loadable import check_hyperparameters, check_loadable, store_plain
 from .remote_run import is_url, redacted
 from .run_lock import RunDirectoryBusy, RunLock, is_global_rank_zero
 from .stop_signals import SIGNALS, STOP_SIGNALS, exit_code
 from .trained_state import TrainedState
 from .validation import dump_checkpoint
-from .whole_checkpoint import is_checkpoint
+from .whole_checkpoint import META, is_checkpoint, saved_step
+
+PREVIOUS = "previous.ckpt"  # the last.ckpt before the newest, beside it
 
 # Lightning's warnings about an OnExceptionCheckpoint's file, which ExactResume says in its own words.
 for _message in (r"`\.fit\(ckpt_path=None\)` was called without a model", r'\.fit\(ckpt_path="last"\) is set, but'):
@@ -72,22 +85,57 @@ for _message in (r"`\.fit\(ckpt_path=None\)` was called without a model", r'\.fi
 def resolve_last(
     last: Path, asked, smoke: bool, option: str, elsewhere: str, say: bool = True, shown=str, run: Path | None = None
 ) -> Path | None:
-    """The checkpoint a fit asked for with `asked` resumes: "last" is `last` when it is a checkpoint, else None, said
-    (where `say`); None is None, and a fit without a checkpoint over a run (its folder `run`, last's by default; a
-    smoke run, which writes nothing, may) is refused. `option` and `elsewhere` say how to ask for the run and for
-    another folder."""
+    """The checkpoint a fit asked for with `asked` resumes: "last" is `last`, or the previous state beside it when
+    `last` fails its digest or is missing (`intact_state`), else None, said (where `say`); None is None, and a fit
+    without a checkpoint over a run (its folder `run`, last's by default; a smoke run, which writes nothing, may) is
+    refused. `option` and `elsewhere` say how to ask for the run and for another folder."""
+    previous = last.with_name(PREVIOUS)
+    held = [path for path in (last, previous) if is_checkpoint(path)]
     if asked == "last":
-        if is_checkpoint(last):
-            return last
+        if held:
+            return intact_state(last, previous, option, elsewhere, say, shown)
         if say:
             print(f"{option}: no {shown(last)} yet, starting a fresh run")
         return None
-    if is_checkpoint(last) and not smoke:
+    if held and not smoke:
         raise UsageError(
-            f"{shown(run or last.parent)} already holds a run ({shown(last)}): resume it with {option}, or give "
+            f"{shown(run or last.parent)} already holds a run ({shown(held[0])}): resume it with {option}, or give "
             f"{elsewhere}"
         )
     return None
+
+
+def intact_state(last: Path, previous: Path, option: str, elsewhere: str, say: bool, shown=str) -> Path:
+    """`last` when it matches its digest; else `previous` when that does, said in one notice naming both and their
+    steps; else a UsageError in one line, and nothing is changed."""
+    why = _damage(last)
+    if why is None:
+        return last
+    why_not = _damage(previous)
+    if why_not is not None:
+        raise UsageError(
+            f"{shown(last)} {why}, and {shown(previous)} {why_not}: nothing to resume from; resume from a best "
+            f"checkpoint beside them with {option.replace('last', 'FILE')}, or give {elsewhere}"
+        )
+    if say:
+        print(f"notice: {shown(last)} {why}: resuming from {shown(previous)}, the state before it ({_step(previous)})",
+              file=sys.stderr)  # fmt: skip
+    return previous
+
+
+def _damage(path: Path) -> str | None:
+    """What is wrong with the checkpoint `path`, as the end of a sentence naming it; None when it is intact."""
+    if not is_checkpoint(path):
+        return "is missing"
+    why = damage(path / META if path.is_dir() else path)
+    return None if why is None else f"({_step(path)}) is damaged: {why}"
+
+
+def _step(path: Path) -> str:
+    try:
+        return f"step {saved_step(path)}"
+    except Exception:  # noqa: BLE001 - a damaged file may fail in any way; the notice says so
+        return "its step cannot be read"
 
 
 class ExactResume(OnExceptionCheckpoint):
@@ -101,6 +149,8 @@ class ExactResume(OnExceptionCheckpoint):
             this (0: at every epoch end instead). The default, 1000, bounds the loss on a crash, not on preemption (a
             stop signal saves the current step). Each write copies the whole state: keep writes far enough apart that
             they cost little beside training.
+        keep_previous: keep the last.ckpt before the newest as previous.ckpt, which a resume goes on from when
+            last.ckpt is damaged. The disk then holds two states, three while one is written; False: one, two.
 
     A write that fails (a full disk, say) stops the run at the next optimizer step with `durable.CheckpointWriteError`;
     last.ckpt keeps the previous state, byte for byte. `allowed` (the CLI's `--allow_change`) lets options and
@@ -109,11 +159,14 @@ class ExactResume(OnExceptionCheckpoint):
     """
 
     FILENAME = "last.ckpt"
+    PREVIOUS = PREVIOUS
     writes = True  # False: the run stays exact and writes no checkpoint (the engine's enable_checkpointing=False)
     best_model_path = ""  # (it keeps no best checkpoint: Lightning's ckpt_path="best" then asks for a ModelCheckpoint)
     shown: str | None = None  # how its file is named in what it prints: a run in object storage's URL (set by the CLI)
 
-    def __init__(self, dirpath: str | Path | None = None, every_n_steps: int = 1000) -> None:
+    def __init__(
+        self, dirpath: str | Path | None = None, every_n_steps: int = 1000, keep_previous: bool = True
+    ) -> None:
         if every_n_steps < 0:
             raise UsageError(f"every_n_steps={every_n_steps} must be >= 0 (0 writes at every epoch end)")
         if dirpath is not None and is_url(str(dirpath)):
@@ -123,7 +176,7 @@ class ExactResume(OnExceptionCheckpoint):
             )
         super().__init__(dirpath, "last")
         self.dirpath = None if dirpath is None else Path(dirpath)
-        self.every_n_steps = every_n_steps
+        self.every_n_steps, self.keep_previous = every_n_steps, keep_previous
         self.trained, self.loaders, self.epoch = TrainedState(), ResumableLoaders(), EpochState()
         self.locks = True
         self._lock: RunLock | None = None
@@ -138,6 +191,8 @@ class ExactResume(OnExceptionCheckpoint):
         self._exit_code: int | None = None
         self._owns_signals = False
         self._resumed = False  # whether the metrics and sums of a resumed run are to be put back
+        self._taken_at: float | None = None  # when the state this fit goes on from was taken (None: a fresh start)
+        self._last_is_good = False  # whether last.ckpt is this fit's own or the one it resumed: kept at a save
 
     @property
     def allowed(self) -> list[str]:
@@ -158,6 +213,10 @@ class ExactResume(OnExceptionCheckpoint):
     @property
     def path(self) -> Path:
         return self.dirpath / self.FILENAME
+
+    @property
+    def previous_path(self) -> Path:
+        return self.dirpath / self.PREVIOUS
 
     @property
     def ckpt_path(self) -> str | None:
@@ -225,14 +284,14 @@ class ExactResume(OnExceptionCheckpoint):
         self._hold_the_run(trainer.is_global_zero)
         if trainer.is_global_zero:
             self.dirpath.mkdir(parents=True, exist_ok=True)
-            # A write killed half-way leaves only its temporary file behind; last.ckpt itself is intact.
-            self.path.with_name(self.FILENAME + ".tmp").unlink(missing_ok=True)
+            remove_temporaries(self.dirpath)  # (the files whose writes were killed are intact)
             self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="last-checkpoint")
         self.loaders.setup(trainer, pl_module)
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
         """Every checkpoint of the run (the best ones too) gets what a resume needs beyond Lightning's own."""
         checkpoint[STEPS] = training_steps(trainer)  # where a run resumed from it logs on (cli/run_directory.py)
+        checkpoint[TAKEN_AT] = time.time()
         self.trained.save(trainer, pl_module, checkpoint)
         self.loaders.save(trainer, checkpoint)
         self.epoch.save(trainer, pl_module, checkpoint)
@@ -240,6 +299,9 @@ class ExactResume(OnExceptionCheckpoint):
 
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
         self._saved_at = steps_in(checkpoint)  # writing this state again would be a write mid-window
+        resumed = Path(trainer.ckpt_path)
+        self._last_is_good = resumed.resolve() == self.path.resolve()
+        self._taken_at = checkpoint.get(TAKEN_AT, float("inf"))  # (an earlier release's: nothing is after it)
         # No sanity check in a resumed run: the run's start made it, and Lightning skips it mid-epoch itself, but at an
         # epoch boundary it would run the module's validation hooks once more than the run that never stopped did.
         trainer.num_sanity_val_steps = 0
@@ -253,6 +315,7 @@ class ExactResume(OnExceptionCheckpoint):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.trained.train_starts(trainer, pl_module)
+        self._remove_what_a_stopped_run_wrote(trainer)
         self._saved_at = max(self._saved_at, 0)
         STOP_SIGNALS.install()
         STOP_SIGNALS.defer()  # from now on a signal is saved at the next optimizer step, see after_the_batch
@@ -453,9 +516,25 @@ class ExactResume(OnExceptionCheckpoint):
             trainer.strategy.save_checkpoint(state, self.path)
 
     def _write_in_background(self, state: dict, copied: torch.cuda.Event | None) -> None:
+        """last.ckpt, the one it replaces kept as previous.ckpt when it is this fit's own or the one it resumed (one
+        that the fit went on without, damaged, must not replace a good previous.ckpt)."""
         if copied is not None:
             copied.synchronize()
-        self._io.save_checkpoint(state, self.path)
+        keep = self.keep_previous and self._last_is_good
+        self._io.save_checkpoint(state, self.path, storage_options={"previous": self.previous_path} if keep else None)
+        self._last_is_good = True
+        if not self.keep_previous and self.previous_path.exists():
+            self._io.remove_checkpoint(self.previous_path)
+
+    def _remove_what_a_stopped_run_wrote(self, trainer: L.Trainer) -> None:
+        """The best checkpoints a stopped run wrote after the state this fit starts from (leftovers.py)."""
+        if not trainer.is_global_zero or not self.writes or trainer.fast_dev_run:
+            return
+        folder = self.shown.rsplit("/", 1)[0] if self.shown else "{folder}"  # (a run in object storage: its URL)
+        when = f"after step {self._saved_at}, where this fit goes on" if self._taken_at else "before any last.ckpt"
+        say = f"notice: removed {{names}} from {folder}: written by a stopped run {when}, and unknown to it"
+        kept = [self.path, self.previous_path]
+        remove_unknown(trainer, self._io, self.dirpath.parent, kept, self._taken_at, say)
 
     def _write_staged_then_exit_if_stopping(self, trainer: L.Trainer) -> None:
         self._write_staged(trainer)

@@ -9,7 +9,9 @@ run:
   multipart upload completed at its end, so the store shows the previous object or the new one, never a part. The
   loggers' files are read in the training thread right after they are flushed and go up before the checkpoint written
   after them, so a run resumed from the store finds every step logged before its checkpoint. A save while an upload
-  is in flight does not wait for it: the newest version of each file follows (versions in between are skipped);
+  is in flight does not wait for it: the newest version of each file follows (versions in between are skipped). A
+  checkpoint goes up with its digest (digests.py), the digest first, as one item: at any instant at most the pair in
+  flight is inconsistent, and last.ckpt's or previous.ckpt's is whole (exact_resume.py);
 - a store that fails is retried with backoff; when no request has succeeded for `give_up_after` seconds, training
   stops in one line naming the URL and the error, and the local folder, which holds the newest state, is kept;
 - at the end, or at a stop signal (within `stop_timeout`), what is left is uploaded.
@@ -32,6 +34,7 @@ import fsspec
 import lightning as L
 from lightning.pytorch.callbacks import Callback
 
+from .digests import SUFFIX, digest_of, taken_at
 from .durable import DurableCheckpointIO
 
 # The filesystem package each scheme needs, and the project's extra that installs it.
@@ -115,16 +118,19 @@ def call(fs, request_timeout: float, method: str, *args, size: int = 0, **kwargs
 
 
 def fetch(url: str, folder: Path) -> Path:
-    """Download the file `url` into `folder` (a checkpoint named by URL); one line if it is not there."""
+    """Download the file `url` into `folder` (a checkpoint named by URL, with its digest where it has one); one line if
+    it is not there."""
     fs, path = store_of(url)
-    local = folder / Path(path).name
     folder.mkdir(parents=True, exist_ok=True)
-    try:
-        size = call(fs, StoreSettings.request_timeout, "info", path).get("size") or 0
-        call(fs, StoreSettings.request_timeout, "get_file", path, str(local), size=size)
-    except FileNotFoundError:
-        raise SystemExit(f"error: --ckpt_path {redacted(url)} does not exist: give the URL of a .ckpt file") from None
-    return local
+    for name in (path + SUFFIX, path):
+        try:
+            size = call(fs, StoreSettings.request_timeout, "info", name).get("size") or 0
+            call(fs, StoreSettings.request_timeout, "get_file", name, str(folder / Path(name).name), size=size)
+        except FileNotFoundError:
+            if name == path:
+                url = redacted(url)
+                raise SystemExit(f"error: --ckpt_path {url} does not exist: give the URL of a .ckpt file") from None
+    return folder / Path(path).name
 
 
 class RemoteRun:
@@ -156,16 +162,17 @@ class RemoteRun:
                 self.call("get_file", path, str(self.local / relative), size=info.get("size") or 0)
 
     def fetch(self, relative: str) -> Path | None:
-        """The run's file `relative` read from the store into the local folder; None if the store has none."""
-        local = self.local / relative
-        local.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            size = self.call("info", f"{self.root}/{relative}").get("size") or 0
-            self.call("get_file", f"{self.root}/{relative}", str(local), size=size)
-        except FileNotFoundError:
-            local.unlink(missing_ok=True)
-            return None
-        return local
+        """The run's checkpoint `relative` and its digest (where it has one) read from the store into the local
+        folder; None if the store has no such checkpoint."""
+        for name in (relative + SUFFIX, relative):
+            local = self.local / name
+            local.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                size = self.call("info", f"{self.root}/{name}").get("size") or 0
+                self.call("get_file", f"{self.root}/{name}", str(local), size=size)
+            except FileNotFoundError:
+                local.unlink(missing_ok=True)
+        return local if local.exists() else None
 
     def shown_path(self, path: Any) -> str:
         """A local path of the run as the store's URL, for messages."""
@@ -197,22 +204,25 @@ class Uploads:
 
     def __init__(self, run: RemoteRun) -> None:
         self.run, self.error = run, None
-        self._queue: dict[str, bytes | Path | None] = {}  # file -> its content, a pinned copy, or None: delete it
+        # file -> its content (a log), pinned copies of a checkpoint and its digest, or None: delete both
+        self._queue: dict[str, bytes | tuple[Path, Path | None] | None] = {}
         self._seen: dict[str, tuple[int, int]] = {}  # the loggers' files as last read: size, modification time
         self._pins = itertools.count()
         self._busy = self._closing = False
-        self._in_flight: bytes | Path | None = None  # what is going up now
+        self._in_flight: bytes | tuple | None = None  # what is going up now
         self._changed = threading.Condition()
         self.logs(enqueue=False)  # what was read from the store is there already
         self._thread = threading.Thread(target=self._upload_all, name="run-uploads", daemon=True)
         self._thread.start()
 
     def file(self, path: Path) -> None:
-        """Upload the file `path` of the run (a checkpoint), as it is now."""
-        pinned = self.run.local / ".pinned" / str(next(self._pins))
-        pinned.parent.mkdir(exist_ok=True)
-        os.link(path, pinned)  # this version, whatever replaces the file before it goes up
-        self._hand_over(self._relative(path), pinned)
+        """Upload the checkpoint `path` of the run and its digest (where it has one), as they are now."""
+        pins = []
+        for source in (path, digest_of(path)) if digest_of(path).exists() else (path,):
+            pins.append(self.run.local / ".pinned" / str(next(self._pins)))
+            pins[-1].parent.mkdir(exist_ok=True)
+            os.link(source, pins[-1])  # this version, whatever replaces the file before it goes up
+        self._hand_over(self._relative(path), (*pins, None)[:2])
 
     def deleted(self, path: Path) -> None:
         self._hand_over(self._relative(path), None)
@@ -248,7 +258,7 @@ class Uploads:
     def _relative(self, path: Path) -> str:
         return Path(path).relative_to(self.run.local).as_posix()
 
-    def _hand_over(self, relative: str, content: bytes | Path | None) -> None:
+    def _hand_over(self, relative: str, content: bytes | tuple | None) -> None:
         with self._changed:
             older = self._queue.pop(relative, None)
             if older is not self._in_flight:  # (the one going up now is dropped once it is up)
@@ -275,19 +285,24 @@ class Uploads:
                     self._busy, self._in_flight = False, None
                     self._changed.notify_all()
 
-    def _upload(self, relative: str, content: bytes | Path | None) -> None:
-        """One object, retried with backoff until the store takes it or has failed for give_up_after seconds."""
+    def _upload(self, relative: str, content: bytes | tuple | None) -> None:
+        """One object (a checkpoint: and its digest, the digest first; a removal of both, the file first; no pinned
+        copy: the object is removed), retried with backoff until the store takes it or has failed for give_up_after
+        seconds."""
         run, target = self.run, f"{self.run.root}/{relative}"
         failing_since, delay = None, 0.5
         while not self._closing:
             try:
-                if content is None:
-                    with contextlib.suppress(FileNotFoundError):
-                        run.call("rm_file", target)
-                elif isinstance(content, bytes):
+                if isinstance(content, bytes):
                     run.call("pipe_file", target, content, size=len(content))
-                else:
-                    run.call("put_file", str(content), target, size=content.stat().st_size)
+                    return
+                data, digest = content or (None, None)
+                for pinned, name in ((digest, target + SUFFIX), (data, target))[:: 1 if content else -1]:
+                    if pinned is None:
+                        with contextlib.suppress(FileNotFoundError):
+                            run.call("rm_file", name)
+                    else:
+                        run.call("put_file", str(pinned), name, size=pinned.stat().st_size)
                 return
             except Exception as error:  # noqa: BLE001 - any failure of the store is retried, then reported
                 failing_since = failing_since or time.monotonic()
@@ -302,9 +317,10 @@ class Uploads:
                 delay = min(2 * delay, 8.0)
 
     @staticmethod
-    def _drop(content: bytes | Path | None) -> None:
-        if isinstance(content, Path):
-            content.unlink(missing_ok=True)
+    def _drop(content: bytes | tuple | None) -> None:
+        for pinned in content if isinstance(content, tuple) else ():
+            if pinned is not None:
+                pinned.unlink(missing_ok=True)
 
 
 def store_reason(error: BaseException) -> str:
@@ -324,11 +340,27 @@ class MirroredCheckpointIO(DurableCheckpointIO):
 
     def save_checkpoint(self, checkpoint: dict, path, storage_options: Any | None = None) -> None:
         super().save_checkpoint(checkpoint, path, storage_options)
+        previous = (storage_options or {}).get("previous")
+        if previous is not None and Path(previous).exists():  # (the previous state first, as renamed locally)
+            self.uploads.file(Path(previous))
         self.uploads.file(Path(path))
 
     def remove_checkpoint(self, path) -> None:
         super().remove_checkpoint(path)
         self.uploads.deleted(Path(path))
+
+    def checkpoints_in(self, folder: Path) -> dict[Path, float]:
+        """DurableCheckpointIO's, of the store's copy of the run's `folder` (its digests read from the store), by
+        their local paths."""
+        run, found = self.uploads.run, {}
+        prefix = f"{run.root}/{Path(folder).relative_to(run.local).as_posix()}"
+        try:
+            names = {path.rsplit("/", 1)[-1] for path in run.call("ls", prefix, detail=False)}
+        except FileNotFoundError:
+            return {}
+        for name in sorted(name for name in names if name.endswith(".ckpt") and name + SUFFIX in names):
+            found[Path(folder) / name] = taken_at(run.call("cat_file", f"{prefix}/{name}{SUFFIX}").decode())
+        return {path: time for path, time in found.items() if time is not None}
 
     def logs_flushed(self) -> None:
         self.uploads.logs()

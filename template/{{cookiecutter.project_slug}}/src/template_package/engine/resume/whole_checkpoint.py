@@ -9,7 +9,10 @@ tensors, `optimizer_states` in torch.optim's own form (parameter numbers, not na
 `weights_only` (the default) a folder is read as safely as torch.load reads a file (safe_dcp.py); the CLI checks every
 sharded checkpoint this way before Lightning's own loading reads it.
 
-Depends on torch and safe_dcp.py.
+Every read here checks the file against its digest first (digests.py): a single file whole, and of a sharded folder
+its meta.pt, whose shard files carry no digest (DCP writes them; only their sizes are checked, `check_shard_files`).
+
+Depends on torch, digests.py and safe_dcp.py.
 """
 
 from pathlib import Path
@@ -22,6 +25,7 @@ from torch.distributed.checkpoint.planner import LoadPlanner
 
 from ..internals import load_whole_state
 from ..training.steps import steps_in
+from .digests import verify
 from .safe_dcp import SafePlanner, SafeReader
 
 META = "meta.pt"  # Lightning's name for the non-tensor part of a sharded checkpoint
@@ -49,6 +53,7 @@ def read_for_checks(path: str | Path, weights_only: bool = True) -> dict:
     """The checkpoint as torch.load returns a file, except for a sharded one whose `state_dict` holds tensors on the
     "meta" device: their shapes and dtypes, read from DCP's .metadata, and no values."""
     path = Path(path)
+    verify(path / META if path.is_dir() else path)
     if not path.is_dir():
         return torch.load(path, map_location="cpu", weights_only=weights_only, mmap=True)
     checkpoint = torch.load(path / META, map_location="cpu", weights_only=weights_only)
@@ -84,6 +89,7 @@ def read_whole(path: str | Path, weights_only: bool = True) -> dict:
     """The checkpoint in this process's memory, a sharded one gathered into the form of a single file (see the
     module docstring). The whole model and optimizer state must fit in memory."""
     path = Path(path)
+    verify(path / META if path.is_dir() else path)
     if not path.is_dir():
         return torch.load(path, map_location="cpu", weights_only=weights_only)
     shards = read_shards(path, weights_only)
