@@ -16,8 +16,9 @@ ENGINE = Path(template_package.__path__[0]) / "engine"
 
 
 def chapter_files() -> dict[str, str]:
-    """The chapter's code blocks that name their file, by path, with the package's name filled in."""
-    text = CHAPTER.read_text().replace("{{ cookiecutter.package_name }}", template_package.__name__)
+    """The chapter's code blocks that name their file, by path, with the package's name in its placeholder (the
+    chapter unbaked) filled in."""
+    text = re.sub(r"\{\{ *\w+\.package_name *\}\}", template_package.__name__, CHAPTER.read_text())
     blocks = re.findall(r"```\w+\n# (\S+)\n(.*?)```", text, re.DOTALL)
     return {path: body for path, body in blocks}
 

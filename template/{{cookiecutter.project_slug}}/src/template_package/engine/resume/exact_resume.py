@@ -530,11 +530,12 @@ class ExactResume(OnExceptionCheckpoint):
         """The best checkpoints a stopped run wrote after the state this fit starts from (leftovers.py)."""
         if not trainer.is_global_zero or not self.writes or trainer.fast_dev_run:
             return
-        folder = self.shown.rsplit("/", 1)[0] if self.shown else "{folder}"  # (a run in object storage: its URL)
         when = f"after step {self._saved_at}, where this fit goes on" if self._taken_at else "before any last.ckpt"
-        say = f"notice: removed {{names}} from {folder}: written by a stopped run {when}, and unknown to it"
         kept = [self.path, self.previous_path]
-        remove_unknown(trainer, self._io, self.dirpath.parent, kept, self._taken_at, say)
+        for folder, names in remove_unknown(trainer, self._io, self.dirpath.parent, kept, self._taken_at).items():
+            shown = self.shown.rsplit("/", 1)[0] if self.shown else folder  # (a run in object storage: its URL)
+            print(f"notice: removed {', '.join(names)} from {shown}: written by a stopped run {when}, and unknown to "
+                  "it", file=sys.stderr)  # fmt: skip
 
     def _write_staged_then_exit_if_stopping(self, trainer: L.Trainer) -> None:
         self._write_staged(trainer)

@@ -6,7 +6,6 @@ whose name is taken `-v1`), so the run directory would hold more than its best `
 Depends on lightning, digests.py and durable.py.
 """
 
-import sys
 from pathlib import Path
 
 import lightning as L
@@ -25,13 +24,14 @@ def remove_temporaries(folder: Path) -> None:
             digest.unlink(missing_ok=True)
 
 
-def remove_unknown(trainer: L.Trainer, io: DurableCheckpointIO, run: Path, kept: list[Path], since: float | None,
-                   say: str) -> None:  # fmt: skip
+def remove_unknown(
+    trainer: L.Trainer, io: DurableCheckpointIO, run: Path, kept: list[Path], since: float | None
+) -> dict[Path, list[str]]:
     """Remove the checkpoints that `io` wrote into the folders of the trainer's ModelCheckpoints inside the run
     directory `run`, which none of them knows of, nor are `kept`, and whose state was taken after `since` (None: at any
     time, a fresh start), by their digests (digests.py: the same process's clock as `since`, to the microsecond; a
-    file's or an object's own time may be a clock tick or a whole second off); then print one notice, `say` formatted
-    with the names and the folder. A folder outside the run directory may be shared with other runs: left alone."""
+    file's or an object's own time may be a clock tick or a whole second off). Returns the names removed, by folder. A
+    folder outside the run directory may be shared with other runs: left alone."""
     keepers = [callback for callback in trainer.checkpoint_callbacks if isinstance(callback, ModelCheckpoint)]
     known = {Path(path).resolve() for path in kept} | {
         Path(path).resolve()
@@ -39,6 +39,7 @@ def remove_unknown(trainer: L.Trainer, io: DurableCheckpointIO, run: Path, kept:
         for path in (*keeper.best_k_models, keeper.best_model_path, keeper.kth_best_model_path, keeper.last_model_path)
         if path
     }
+    removed = {}
     for folder in sorted({Path(keeper.dirpath).resolve() for keeper in keepers if keeper.dirpath}):
         if not folder.is_relative_to(run.resolve()):
             continue
@@ -47,4 +48,5 @@ def remove_unknown(trainer: L.Trainer, io: DurableCheckpointIO, run: Path, kept:
         for path in stale:
             io.remove_checkpoint(path)
         if stale:
-            print(say.format(names=", ".join(path.name for path in stale), folder=folder), file=sys.stderr)
+            removed[folder] = [path.name for path in stale]
+    return removed
