@@ -18,6 +18,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from template_package.engine import ExactResume
 from template_package.engine.errors import UsageError
 from template_package.engine.resume.digests import damage
+from template_package.engine.resume.whole_checkpoint import saved_step
 
 from helpers.cli import started, subprocess_env
 from helpers.plain_trainer import BATCHES, MetricsModule, PlainData, logged
@@ -225,8 +226,8 @@ def test_a_hyperparameter_or_a_state_that_would_not_load_stops_the_run_before_it
 @pytest.mark.slow
 def test_ddp_spawn_stopped_by_sigterm_exits_143_and_resumes_to_the_uninterrupted_runs_bits(tmp_path):
     """The engine's Trainer under ddp_spawn (2 CPU processes, the Trainer pickled to each): SIGTERM on rank 0 stops
-    every rank at the same step, the launching process exits 143 (not Lightning's exception), and the run resumed
-    with ckpt_path="last" ends as the one that never stopped."""
+    every rank at the same step, the launching process exits 143 (not Lightning's exception) with the line naming
+    last.ckpt's step, and the run resumed with ckpt_path="last" ends as the one that never stopped."""
     spawn = ["--engine_trainer", "--strategy=ddp_spawn", "--devices=2"]
     reference, run_dir = tmp_path / "reference", tmp_path / "run"
     for folder in (reference, run_dir):
@@ -240,6 +241,8 @@ def test_ddp_spawn_stopped_by_sigterm_exits_143_and_resumes_to_the_uninterrupted
     _, err = stopped.communicate(timeout=600)
     assert stopped.returncode == 143, err[-3000:]
     assert "Traceback" not in err, err[-3000:]
+    last = run_dir / "checkpoints" / "last.ckpt"  # (the launching process says the line its stopped ranks would)
+    assert err.strip().splitlines()[-1] == f"stopped by SIGTERM: {last} holds step {saved_step(last)}", err[-3000:]
     resumed = start_script(run_dir, *spawn, "--ckpt_path=last")
     assert resumed.wait(timeout=600) == 0, resumed.communicate()[1][-3000:]
     assert_same_as(reference, run_dir)

@@ -415,7 +415,10 @@ class ExactResume(OnExceptionCheckpoint):
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         if isinstance(exception, ProcessExitedException) and exception.exit_code in map(exit_code, SIGNALS):
-            raise SystemExit(exception.exit_code)  # (ddp_spawn's launching process: the stopped processes' code)
+            # (ddp_spawn's launching process: the stopped processes' line and code)
+            self.dirpath = self.dirpath or Path(trainer.default_root_dir) / "checkpoints"
+            self._say_stopped(exception.exit_code, _step(self.path))
+            raise SystemExit(exception.exit_code)
         if isinstance(exception, KeyboardInterrupt) and self._writer is None:  # (before training, or that process)
             raise SystemExit(exit_code(signal.SIGINT))
         vars(pl_module).pop("on_train_batch_end", None)  # the module's own hook again
@@ -430,8 +433,11 @@ class ExactResume(OnExceptionCheckpoint):
             self._shut_down()
         stopped = isinstance(exception, SystemExit) and exception.code == self._exit_code is not None
         if stopped and trainer.is_global_zero:  # the run's last line (Lightning calls Checkpoints' hooks last)
-            name = signal.Signals(self._exit_code - 128).name if self._exit_code > 128 else "a signal"
-            print(f"stopped by {name}: {self.shown or self.path} holds step {self._saved_at}", file=sys.stderr)
+            self._say_stopped(self._exit_code, f"step {self._saved_at}")
+
+    def _say_stopped(self, code: int, step: str) -> None:
+        name = signal.Signals(code - 128).name if code > 128 else "a signal"
+        print(f"stopped by {name}: {self.shown or self.path} holds {step}", file=sys.stderr)
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage != "fit":
