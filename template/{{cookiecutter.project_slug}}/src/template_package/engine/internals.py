@@ -46,6 +46,11 @@ class Overridden:
     parameters: tuple[str, ...] | None = None
 
 
+# The arguments of Lightning's `_ResultCollection.log`, which `log_again` passes as a stopped run's self.log did.
+RESULT_LOG_PARAMETERS = ("self", "fx", "name", "value", "prog_bar", "logger", "on_step", "on_epoch", "reduce_fx",
+                         "enable_graph", "sync_dist", "sync_dist_fn", "sync_dist_group", "add_dataloader_idx",
+                         "batch_size", "metric_attribute", "rank_zero_only")  # fmt: skip
+
 OVERRIDDEN = [
     Overridden(
         "lightning.pytorch.cli",
@@ -309,6 +314,13 @@ PINNED = [
         attribute="cumulated_batch_size",
         why="a logged mean's running sum of batch sizes, beside its `value`, `meta` and `is_tensor`: as above",
     ),
+    Pinned(
+        "lightning.pytorch.trainer.connectors.logger_connector.result",
+        "_ResultCollection.log",
+        parameters=RESULT_LOG_PARAMETERS,
+        why="logs a stopped run's epoch values again as its self.log calls did (their arguments are the result's "
+        "`meta`, with `sync.should` and `sync.rank_zero_only`): the module's log needs a hook of the module running",
+    ),
 ]
 
 
@@ -355,25 +367,38 @@ def ckpt_path_being_resolved() -> tuple[L.Trainer, object] | None:
 
 
 def epoch_sums(trainer: L.Trainer) -> dict[str, dict]:
-    """Lightning's running sums of the tensors this training epoch logged with on_epoch=True, by its key for each
-    (`<hook>.<name>`): `value`, and for a mean `cumulated_batch_size`. Lightning keeps them in the epoch loop's result
-    collection, which no checkpoint holds and no public accessor reads."""
-    return {
-        key: {"value": result.value, **({"cumulated_batch_size": result.cumulated_batch_size}
-                                        if result.meta.is_mean_reduction else {})}
-        for key, result in trainer.fit_loop.epoch_loop._results.items()
-        if result.is_tensor and result.meta.on_epoch and not result.has_reset
-    }  # fmt: skip
+    """What this training epoch has logged with on_epoch=True, by Lightning's key for each (`<hook>.<name>`): the
+    arguments of its `self.log` call (`log`), and for a tensor Lightning's running sum, `value`, and for a mean
+    `cumulated_batch_size`. Lightning keeps them in the epoch loop's result collection, which no checkpoint holds and
+    no public accessor reads."""
+    sums = {}
+    for key, result in trainer.fit_loop.epoch_loop._results.items():
+        meta = result.meta
+        if not meta.on_epoch or result.has_reset:
+            continue
+        log = {"fx": meta.fx, "name": meta.name, "prog_bar": meta.prog_bar, "logger": meta.logger,
+               "on_step": meta.on_step, "reduce_fx": meta.reduce_fx.__name__, "enable_graph": meta.enable_graph,
+               "add_dataloader_idx": meta.add_dataloader_idx, "metric_attribute": meta.metric_attribute,
+               "sync_dist": meta.sync.should, "rank_zero_only": meta.sync.rank_zero_only}  # fmt: skip
+        sums[key] = {"log": log}
+        if result.is_tensor:
+            sums[key]["value"] = result.value
+            if meta.is_mean_reduction:
+                sums[key]["cumulated_batch_size"] = result.cumulated_batch_size
+    return sums
 
 
 def add_to_epoch_sums(trainer: L.Trainer, saved: dict[str, dict]) -> list[str]:
     """Add `saved` sums (epoch_sums of a run that stopped) to the keys this process has logged since, each once: its
     sum then holds one batch's value, so adding the saved sum to it keeps the order of Lightning's own additions (a
-    max or min is taken instead). The keys added."""
-    results, added = trainer.fit_loop.epoch_loop._results, []
+    max or min is taken instead); a logged Metric's states are its own. The keys found."""
+    results, found = trainer.fit_loop.epoch_loop._results, []
     for key, values in saved.items():
         result = results.get(key)
-        if result is None or result.has_reset or not result.is_tensor:
+        if result is None or result.has_reset:
+            continue
+        found.append(key)
+        if not result.is_tensor:
             continue
         value = values["value"].to(result.value.device)
         if result.meta.is_max_reduction or result.meta.is_min_reduction:
@@ -382,8 +407,23 @@ def add_to_epoch_sums(trainer: L.Trainer, saved: dict[str, dict]) -> list[str]:
             result.value = value + result.value
         if "cumulated_batch_size" in values:
             result.cumulated_batch_size = values["cumulated_batch_size"].to(value.device) + result.cumulated_batch_size
-        added.append(key)
-    return added
+    return found
+
+
+def log_again(trainer: L.Trainer, module: L.LightningModule, saved: dict[str, dict]) -> None:
+    """Log `saved` (epoch_sums of a run that stopped, which this process has not logged since) into this training
+    epoch's results as the stopped run had, with its sums (a Metric: the module's, by attribute), so that the epoch's
+    end logs and resets them as Lightning would have: a run resumed after an epoch's last batch logs no batch before
+    that epoch ends."""
+    results = trainer.fit_loop.epoch_loop._results
+    for key, entry in saved.items():
+        log = dict(entry["log"])
+        value = entry["value"] if "value" in entry else module.get_submodule(log["metric_attribute"])
+        results.log(log.pop("fx"), log.pop("name"), value, sync_dist_fn=trainer.strategy.reduce, batch_size=1, **log)
+        if "value" in entry:
+            results[key].value = entry["value"].to(results[key].value.device)
+        if "cumulated_batch_size" in entry:
+            results[key].cumulated_batch_size = entry["cumulated_batch_size"].to(results[key].value.device)
 
 
 def metrics_lightning_logs(trainer: L.Trainer) -> list:

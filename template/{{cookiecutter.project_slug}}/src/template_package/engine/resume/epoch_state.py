@@ -7,20 +7,19 @@ the epoch loop's result collection, which no checkpoint holds).
 Kept under the checkpoint's own key, so the module's `state_dict` keys stay as they are. The metrics are put back
 after the module's own `on_train_start` (a module may reset a metric there: the run that never stopped did it at its
 own start) and before the resumed run's first step; a Lightning sum is added back after the first batch that logs it
-again, when it holds that batch's value alone, so that the additions come in the uninterrupted run's order. A
+again, when it holds that batch's value alone, so that the additions come in the uninterrupted run's order, and what
+the resumed part of the epoch never logs is logged again at its end, with the stopped run's arguments. A
 checkpoint taken at an epoch's end holds the metrics as the next epoch starts with them (Lightning resets those it
 logged), one taken during a validation of training the states the validation found. Depends on torch, torchmetrics,
 lightning and the engine's internals.py.
 """
-
-import sys
 
 import lightning as L
 import torch
 from lightning_utilities.core.apply_func import apply_to_collection
 from torchmetrics import Metric
 
-from ..internals import add_to_epoch_sums, epoch_sums, metrics_lightning_logs
+from ..internals import add_to_epoch_sums, epoch_sums, log_again, metrics_lightning_logs
 
 KEY = "epoch_state"  # in a checkpoint: one row per rank, {"metrics": {name: states}, "sums": {key: values}}
 RESET = "reset"  # a metric's row at an epoch's end when Lightning resets it there
@@ -104,9 +103,8 @@ class EpochState:
                 del self._sums[key]
 
     def epoch_ends(self, trainer: L.Trainer) -> None:
-        """A sum the resumed part of the epoch never logged is missing from its epoch's value: said, not hidden."""
-        if self._sums and trainer.is_global_zero:
-            names = ", ".join(sorted(key.split(".", 1)[-1] for key in self._sums))
-            print(f"notice: {names} logged with on_epoch=True only before the resume: this epoch's value of it is "
-                  "missing from the logs", file=sys.stderr)  # fmt: skip
+        """Before Lightning logs the epoch's values: what the resumed part of the epoch never logged is logged as the
+        stopped run had (a run stopped in the validation after an epoch's last batch trains no batch of it again)."""
+        if self._sums:
+            log_again(trainer, trainer.lightning_module, self._sums)
         self._sums = {}

@@ -351,6 +351,8 @@ class ExactResume(OnExceptionCheckpoint):
         self.trained.before_backward(trainer)
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not trainer.sanity_checking:  # (a run resumed in a validation after an epoch's last batch starts here)
+            self._before_the_first_step(pl_module)
         self._write_staged_then_exit_if_stopping(trainer)
         self.trained.random.validation_starts(trainer, pl_module)
         self.epoch.validation_starts(trainer, pl_module)
@@ -393,6 +395,7 @@ class ExactResume(OnExceptionCheckpoint):
         here is written at the next hook, once Lightning has logged the epoch's metrics; a signal during the epoch's
         last batch or its validation stops there, unless training ends anyway: then on_train_end writes the final
         state, and the process exits with the signal's code after it."""
+        self._before_the_first_step(pl_module)
         self.epoch.epoch_ends(trainer)
         self._write_staged_then_exit_if_stopping(trainer)
         if self._training_ends(trainer):
