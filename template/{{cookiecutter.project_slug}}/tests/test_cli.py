@@ -146,6 +146,7 @@ def test_every_moved_class_is_found_and_an_old_path_trains_with_the_new_class_an
     from template_package.engine import ExactResume
     from template_package.engine.cli.old_class_paths import MOVED
 
+    pytest.importorskip("optuna", reason='some moved classes are the sweep\'s: pip install -e ".[sweep]"')
     for new in MOVED.values():
         module, name = new.rsplit(".", 1)
         assert isinstance(getattr(import_module(f"template_package.engine.{module}"), name), type), new

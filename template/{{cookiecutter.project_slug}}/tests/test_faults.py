@@ -351,6 +351,8 @@ def test_help_tells_the_truth(capsys):
 def test_sweep_help_shows_the_sweeps_own_options():
     from helpers.cli import cli_subprocess
 
+    pytest.importorskip("optuna", reason='sweeps need the sweep extra: pip install -e ".[sweep]"')
+
     result = cli_subprocess("sweep", "--help")
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("usage: python -m template_package sweep")
