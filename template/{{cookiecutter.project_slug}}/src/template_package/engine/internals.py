@@ -315,6 +315,12 @@ PINNED = [
         why="a logged mean's running sum of batch sizes, beside its `value`, `meta` and `is_tensor`: as above",
     ),
     Pinned(
+        "torchmetrics",
+        "Metric",
+        attribute="_update_count",
+        why="a metric's count of updates, which its public update_count reads and only its update writes",
+    ),
+    Pinned(
         "lightning.pytorch.trainer.connectors.logger_connector.result",
         "_ResultCollection.log",
         parameters=RESULT_LOG_PARAMETERS,
@@ -424,6 +430,12 @@ def log_again(trainer: L.Trainer, module: L.LightningModule, saved: dict[str, di
             results[key].value = entry["value"].to(results[key].value.device)
         if "cumulated_batch_size" in entry:
             results[key].cumulated_batch_size = entry["cumulated_batch_size"].to(results[key].value.device)
+
+
+def set_update_count(metric, count: int) -> None:
+    """Give a torchmetrics Metric whose states were put back the count of updates they hold, which its compute reads
+    (it warns when there were none)."""
+    metric._update_count = count
 
 
 def metrics_lightning_logs(trainer: L.Trainer) -> list:

@@ -19,16 +19,21 @@ import torch
 from lightning_utilities.core.apply_func import apply_to_collection
 from torchmetrics import Metric
 
-from ..internals import add_to_epoch_sums, epoch_sums, log_again, metrics_lightning_logs
+from ..internals import add_to_epoch_sums, epoch_sums, log_again, metrics_lightning_logs, set_update_count
 
 KEY = "epoch_state"  # in a checkpoint: one row per rank, {"metrics": {name: states}, "sums": {key: values}}
 RESET = "reset"  # a metric's row at an epoch's end when Lightning resets it there
+UPDATES = "_update_count"  # in a metric's row, beside its states
 
 
 def metric_states(module: torch.nn.Module) -> dict[str, dict]:
-    """Every torchmetrics Metric of `module`, by its name in the module, and a CPU copy of its states."""
+    """Every torchmetrics Metric of `module`, by its name in the module, and a CPU copy of its states with the count
+    of its updates (torchmetrics warns at a compute after none)."""
     return {
-        name: apply_to_collection(metric.metric_state, torch.Tensor, lambda t: t.detach().cpu().clone())
+        name: {
+            **apply_to_collection(metric.metric_state, torch.Tensor, lambda t: t.detach().cpu().clone()),
+            UPDATES: metric.update_count,
+        }
         for name, metric in module.named_modules()
         if isinstance(metric, Metric)
     }
@@ -46,7 +51,9 @@ def put_back(module: torch.nn.Module, saved: dict[str, dict | str]) -> None:
             continue
         device = metric.device
         for state, value in states.items():
-            setattr(metric, state, apply_to_collection(value, torch.Tensor, lambda t: t.to(device)))  # noqa: B023
+            if state != UPDATES:
+                setattr(metric, state, apply_to_collection(value, torch.Tensor, lambda t: t.to(device)))  # noqa: B023
+        set_update_count(metric, states.get(UPDATES, 0))
 
 
 def every_rank(row: dict, trainer: L.Trainer) -> list[dict]:
