@@ -226,7 +226,7 @@ class ExactResume(OnExceptionCheckpoint):
         if resolving is None:  # (read by anything else than Lightning's resolution of a fit's ckpt_path)
             return None if self.dirpath is None else str(self.path)
         trainer, asked = resolving
-        self.dirpath = self.dirpath or Path(trainer.default_root_dir) / "checkpoints"
+        self._default_dirpath(trainer)
         # (The ranks of ddp_spawn's processes are set up later: until then each says it is rank 0, as its launcher's
         # environment does not.)
         first = trainer.is_global_zero and is_global_rank_zero()
@@ -234,6 +234,10 @@ class ExactResume(OnExceptionCheckpoint):
         elsewhere = "the Trainer another default_root_dir, or ExactResume another dirpath"
         last = resolve_last(self.path, asked, bool(trainer.fast_dev_run), 'fit(ckpt_path="last")', elsewhere, first)
         return None if last is None else str(last)
+
+    def _default_dirpath(self, trainer: L.Trainer) -> None:
+        """The folder of last.ckpt, when none was given: `<default_root_dir>/checkpoints`."""
+        self.dirpath = self.dirpath or Path(trainer.default_root_dir) / "checkpoints"
 
     def _hold_the_run(self, first: bool) -> None:
         """Take the run's lock in its first process (the CLI may hold it already: then it is shared)."""
@@ -258,7 +262,7 @@ class ExactResume(OnExceptionCheckpoint):
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
-        self.dirpath = self.dirpath or Path(trainer.default_root_dir) / "checkpoints"
+        self._default_dirpath(trainer)
         for callback in trainer.callbacks:
             if isinstance(callback, ModelCheckpoint) and callback.save_last:
                 raise UsageError(
@@ -419,7 +423,7 @@ class ExactResume(OnExceptionCheckpoint):
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         if isinstance(exception, ProcessExitedException) and exception.exit_code in map(exit_code, SIGNALS):
             # (ddp_spawn's launching process: the stopped processes' line and code)
-            self.dirpath = self.dirpath or Path(trainer.default_root_dir) / "checkpoints"
+            self._default_dirpath(trainer)
             self._say_stopped(exception.exit_code, _step(self.path))
             raise SystemExit(exception.exit_code)
         if isinstance(exception, KeyboardInterrupt) and self._writer is None:  # (before training, or that process)
